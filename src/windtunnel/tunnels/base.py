@@ -1,0 +1,99 @@
+"""The contract every wind tunnel keeps: draw fresh hypotheses, return an :class:`Episode`.
+
+An episode is a batch of token sequences together with the exact Bayesian posterior
+the model should reproduce at each supervised position. Layouts are fixed by a
+tunnel's parameters, so the supervised positions are the same for every sequence of a
+batch; they are stored once as ``positions`` (``[P]``) and every per-position tensor is
+``[B, P, ...]``. ``mask`` gives the equivalent ``[B, T]`` boolean view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["Episode", "Tunnel"]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A batch of sequences and their exact posteriors.
+
+    Attributes:
+        tokens: ``[B, T]`` int64 token ids, exactly what the model reads.
+        positions: ``[P]`` int64 indices into ``T`` of the supervised positions
+            (the model's prediction at ``tokens[:, positions[p]]`` is scored).
+        targets: ``[B, P]`` int64 class sampled from the generative process at each
+            supervised position (the hard training label).
+        posterior: ``[B, P, C]`` float64 exact posterior over the ``C`` output classes.
+        entropy_bits: ``[B, P]`` float64 entropy of ``posterior`` in bits.
+    """
+
+    tokens: Tensor
+    positions: Tensor
+    targets: Tensor
+    posterior: Tensor
+    entropy_bits: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def mask(self) -> Tensor:
+        """``[B, T]`` bool, True at supervised positions."""
+        mask = torch.zeros_like(self.tokens, dtype=torch.bool)
+        mask[:, self.positions] = True
+        return mask
+
+    def to(self, device: torch.device | str) -> Episode:
+        """A copy with every tensor moved to ``device`` (dtypes kept: posteriors stay float64)."""
+        moved = {
+            f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor) else getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        }
+        return dataclasses.replace(self, **moved)
+
+    def record(self, i: int) -> dict[str, Any]:
+        """Sequence ``i`` as plain JSON-able values (what ``windtunnel sample`` prints)."""
+        return {
+            "tokens": self.tokens[i].tolist(),
+            "positions": self.positions.tolist(),
+            "targets": self.targets[i].tolist(),
+            "posterior": self.posterior[i].tolist(),
+            "entropy_bits": self.entropy_bits[i].tolist(),
+        }
+
+
+@runtime_checkable
+class Tunnel(Protocol):
+    """What a wind tunnel provides. Tunnels are frozen dataclasses of their parameters.
+
+    ``horizon`` is the number of supervised steps a sequence has: pairs for the
+    bijection tunnel, observations for the HMM tunnel. Training uses the tunnel's own
+    horizon; evaluation may pass another to :meth:`sample` (length generalization).
+    """
+
+    name: ClassVar[str]
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of distinct token ids the tunnel emits."""
+
+    @property
+    def num_classes(self) -> int:
+        """Number of output classes ``C`` of the posterior."""
+
+    @property
+    def horizon(self) -> int:
+        """The default horizon."""
+
+    def seq_len(self, horizon: int | None = None) -> int:
+        """Length ``T`` of a sequence with the given horizon (default: the tunnel's)."""
+
+    def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> Episode:
+        """Draw ``batch_size`` fresh hypotheses and one sequence from each."""

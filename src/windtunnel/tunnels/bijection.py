@@ -1,0 +1,172 @@
+"""Wind tunnel 1: bijection elimination (SPEC §2).
+
+Each sequence draws a fresh uniformly random bijection ``pi`` of ``{0..V-1}`` and shows
+``L`` input-output pairs. Token layout (``T = 2L``, plus one with ``query``)::
+
+    x_1  y_1  x_2  y_2  ...  x_L  y_L  [x_q]
+
+Input ``x`` is token ``x``; output ``y`` is token ``V + y``, so the vocabulary has ``2V``
+ids. The model is scored at each input token ``x_k`` on predicting ``pi(x_k)`` over the
+``V`` output classes. With ``query`` a final input is copied from a uniformly chosen
+shown pair, and its answer is already known.
+
+Exact posterior (uniform prior over all ``V!`` bijections): a point mass on the known
+output when ``x_k`` was shown before, else uniform over the outputs not yet used, so
+without replacement ``H_Bayes(k) = log2(V - k + 1)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from windtunnel.config import ConfigError, check_field_types
+from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.random import random_permutations
+
+__all__ = ["BijectionEpisode", "BijectionTunnel"]
+
+
+@dataclass(frozen=True)
+class BijectionEpisode(Episode):
+    """An :class:`Episode` plus the hidden bijection and the pairs shown.
+
+    Attributes:
+        mapping: ``[B, V]`` int64, ``mapping[b, x] = pi_b(x)``.
+        inputs: ``[B, L]`` int64 inputs ``x_k`` of the shown pairs, in order.
+        outputs: ``[B, L]`` int64 outputs ``pi(x_k)``.
+        query_index: ``[B]`` int64 index of the pair the final query repeats, or None.
+    """
+
+    mapping: Tensor
+    inputs: Tensor
+    outputs: Tensor
+    query_index: Tensor | None
+
+    def record(self, i: int) -> dict[str, Any]:
+        record = super().record(i)
+        record["mapping"] = self.mapping[i].tolist()
+        record["inputs"] = self.inputs[i].tolist()
+        record["outputs"] = self.outputs[i].tolist()
+        if self.query_index is not None:
+            j = int(self.query_index[i])
+            record["query"] = {"input": int(self.inputs[i, j]), "output": int(self.outputs[i, j]), "pair": j}
+        return record
+
+
+@dataclass(frozen=True)
+class BijectionTunnel:
+    """Bijection elimination.
+
+    Args:
+        V: domain size (``V >= 2``); ``V!`` hypotheses.
+        L: number of pairs shown (default ``V - 1``); at most ``V`` without replacement.
+        with_replacement: draw inputs i.i.d. uniform, so they may repeat (entropy
+            staircases); default draws distinct inputs.
+        query: append a final input copied from the context (its answer is known).
+    """
+
+    name: ClassVar[str] = "bijection"
+
+    V: int = 20
+    L: int | None = None
+    with_replacement: bool = False
+    query: bool = False
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.V < 2:
+            raise ConfigError(f"V={self.V} is out of range: need V >= 2")
+        if self.L is None:
+            object.__setattr__(self, "L", self.V - 1)
+        self._check_pairs("L", self.L)
+
+    def _check_pairs(self, name: str, n_pairs: int) -> None:
+        if n_pairs < 1:
+            raise ConfigError(f"{name}={n_pairs} is out of range: need at least 1 pair")
+        if not self.with_replacement and n_pairs > self.V:
+            raise ConfigError(
+                f"{name}={n_pairs} is out of range: without replacement at most V={self.V} distinct inputs "
+                "exist (set with_replacement=true for longer sequences)"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.V
+
+    @property
+    def num_classes(self) -> int:
+        return self.V
+
+    @property
+    def horizon(self) -> int:
+        return self.L
+
+    def seq_len(self, horizon: int | None = None) -> int:
+        return 2 * (self.L if horizon is None else horizon) + int(self.query)
+
+    def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> BijectionEpisode:
+        """Draw ``batch_size`` bijections and one sequence of ``horizon`` pairs (+ query) from each."""
+        n_pairs = self.L if horizon is None else horizon
+        self._check_pairs("horizon", n_pairs)
+        B, V = batch_size, self.V
+        mapping = random_permutations(B, V, generator=generator)  # [B, V]
+        if self.with_replacement:
+            inputs = torch.randint(0, V, (B, n_pairs), generator=generator)  # [B, L]
+        else:
+            inputs = random_permutations(B, V, generator=generator)[:, :n_pairs]  # [B, L]
+        outputs = mapping.gather(1, inputs)  # [B, L]
+
+        posterior, entropy = _pair_posteriors(inputs, outputs, V)  # [B, L, V], [B, L]
+        tokens = torch.stack([inputs, outputs + V], dim=2).reshape(B, 2 * n_pairs)  # x1 y1 x2 y2 ...
+        positions = torch.arange(0, 2 * n_pairs, 2)
+        targets = outputs
+        query_index = None
+        if self.query:
+            query_index = torch.randint(0, n_pairs, (B,), generator=generator)  # [B]
+            query_input = inputs.gather(1, query_index[:, None])  # [B, 1]
+            query_output = outputs.gather(1, query_index[:, None])  # [B, 1]
+            tokens = torch.cat([tokens, query_input], dim=1)
+            positions = torch.cat([positions, torch.tensor([2 * n_pairs])])
+            targets = torch.cat([targets, query_output], dim=1)
+            posterior = torch.cat([posterior, F.one_hot(query_output, V).to(torch.float64)], dim=1)
+            entropy = torch.cat([entropy, torch.zeros(B, 1, dtype=torch.float64)], dim=1)
+        return BijectionEpisode(
+            tokens=tokens,
+            positions=positions,
+            targets=targets,
+            posterior=posterior,
+            entropy_bits=entropy,
+            mapping=mapping,
+            inputs=inputs,
+            outputs=outputs,
+            query_index=query_index,
+        )
+
+
+def _pair_posteriors(inputs: Tensor, outputs: Tensor, V: int) -> tuple[Tensor, Tensor]:
+    """Exact posterior over ``pi(x_k)`` given pairs ``1..k-1``, and its entropy in bits.
+
+    Args:
+        inputs, outputs: ``[B, L]`` the shown pairs.
+
+    Returns:
+        ``[B, L, V]`` float64 posterior and ``[B, L]`` float64 entropy (closed form).
+    """
+    L = inputs.shape[1]
+    outputs_onehot = F.one_hot(outputs, V).to(torch.float64)  # [B, L, V]
+    # Outputs used by pairs strictly before k (exclusive cumulative sum).
+    used_before = (outputs_onehot.cumsum(dim=1) - outputs_onehot) > 0  # [B, L, V]
+    free = ~used_before
+    n_free = free.sum(dim=-1)  # [B, L], >= 1 whenever x_k is new (a bijection leaves one free)
+    earlier = torch.ones(L, L, dtype=torch.bool).tril(diagonal=-1)  # earlier[k, j] = j < k
+    seen_before = ((inputs[:, :, None] == inputs[:, None, :]) & earlier).any(dim=-1)  # [B, L]
+    uniform_free = free.to(torch.float64) / n_free.clamp_min(1)[..., None]
+    posterior = torch.where(seen_before[..., None], outputs_onehot, uniform_free)
+    entropy = torch.where(seen_before, 0.0, torch.log2(n_free.to(torch.float64)))
+    return posterior, entropy
+

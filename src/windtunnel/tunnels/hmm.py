@@ -1,0 +1,317 @@
+"""Wind tunnel 2: HMM state tracking by filtering (SPEC §3).
+
+Each sequence draws a fresh HMM with ``S`` hidden states and ``M`` symbols: every row
+of the transition matrix ``T`` (``[S, S]``) and of the emission matrix ``E`` (``[S, M]``)
+is drawn from a symmetric Dirichlet(``concentration``) and then quantized to the grid
+(``grid = 1/N``; integer counts per row summing to exactly ``N``, largest remainder).
+The quantized HMM *is* the hypothesis: states and observations are generated from it
+and the posterior is computed from it, so the model is scored against the HMM it reads.
+
+Token layout (``T_seq = S*S + S*M + K``)::
+
+    [ T row-major: S*S tokens | E row-major: S*M tokens | o_1 ... o_K ]
+
+A header entry with count ``n`` (probability ``n / N``) is token ``n`` in ``0..N``; symbol
+``o`` is token ``N + 1 + o``; the vocabulary has ``N + 1 + M`` ids. The model is scored at
+each observation token ``o_t`` on the filtering posterior ``p(s_t | o_1..o_t)`` over the
+``S`` states, computed by the forward algorithm in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from windtunnel.config import ConfigError, check_field_types
+from windtunnel.metrics import entropy_bits
+from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.random import dirichlet
+
+__all__ = ["HMMEpisode", "HMMTunnel", "decode_header", "forward_filter", "quantize_rows"]
+
+
+@dataclass(frozen=True)
+class HMMEpisode(Episode):
+    """An :class:`Episode` plus the hidden HMM and its sampled path.
+
+    Attributes:
+        transition: ``[B, S, S]`` float64 quantized ``T`` (``T[i, j] = p(s' = j | s = i)``).
+        emission: ``[B, S, M]`` float64 quantized ``E`` (``E[i, o] = p(o | s = i)``).
+        initial: ``[B, S]`` float64 distribution of ``s_1``.
+        states: ``[B, K]`` int64 hidden states ``s_1..s_K`` (also the hard ``targets``).
+        observations: ``[B, K]`` int64 symbols ``o_1..o_K``.
+        log_likelihood: ``[B]`` float64 ``log p(o_1..o_K)`` in nats, from the filter's normalizers.
+    """
+
+    transition: Tensor
+    emission: Tensor
+    initial: Tensor
+    states: Tensor
+    observations: Tensor
+    log_likelihood: Tensor
+
+    def record(self, i: int) -> dict[str, Any]:
+        record = super().record(i)
+        S, M = self.emission.shape[1:]
+        transition, emission = decode_header(self.tokens[i : i + 1], S, M)  # what the model reads
+        record["T"] = transition[0].tolist()
+        record["E"] = emission[0].tolist()
+        record["states"] = self.states[i].tolist()
+        record["observations"] = self.observations[i].tolist()
+        return record
+
+
+@dataclass(frozen=True)
+class HMMTunnel:
+    """HMM filtering.
+
+    Args:
+        S: number of hidden states (the output classes).
+        M: number of observation symbols.
+        K: number of observations per sequence (the training horizon).
+        concentration: symmetric Dirichlet concentration of every row of ``T`` and ``E``.
+        grid: quantization step of header probabilities; ``1 / grid`` must be an integer.
+        initial: distribution of the first state, ``S`` non-negative numbers summing
+            to 1; None (default) is uniform. It is a fixed, known part of the task and
+            is not written into the header.
+    """
+
+    name: ClassVar[str] = "hmm"
+
+    S: int = 5
+    M: int = 5
+    K: int = 20
+    concentration: float = 1.0
+    grid: float = 0.01
+    initial: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.S < 1:
+            raise ConfigError(f"S={self.S} is out of range: need at least 1 hidden state")
+        if self.M < 1:
+            raise ConfigError(f"M={self.M} is out of range: need at least 1 observation symbol")
+        if self.K < 1:
+            raise ConfigError(f"K={self.K} is out of range: need at least 1 observation")
+        if not (math.isfinite(self.concentration) and self.concentration > 0):
+            raise ConfigError(f"concentration={self.concentration} is out of range: need a finite value > 0")
+        levels = 1.0 / self.grid if 0 < self.grid <= 1 else 0.0
+        width = max(self.S, self.M)
+        if not (levels >= width and abs(levels - round(levels)) < 1e-9 * levels):
+            raise ConfigError(
+                f"grid={self.grid} is too coarse or not a divisor of 1: need 1/grid an integer >= max(S, M) = {width} "
+                "so every row can sum to exactly 1 on the grid (e.g. grid=0.01)"
+            )
+        if self.initial is not None:
+            p = self.initial
+            if len(p) != self.S or min(p) < 0 or abs(sum(p) - 1.0) > 1e-9:
+                raise ConfigError(
+                    f"initial={list(p)} is not a distribution over S={self.S} states: need {self.S} non-negative "
+                    "numbers summing to 1 (or leave it unset for uniform)"
+                )
+
+    # --- layout -----------------------------------------------------------------
+
+    @property
+    def levels(self) -> int:
+        """``N = 1 / grid``: header probabilities are ``n / N`` for integer ``n`` in ``0..N``."""
+        return round(1.0 / self.grid)
+
+    @property
+    def header_len(self) -> int:
+        return self.S * self.S + self.S * self.M
+
+    @property
+    def vocab_size(self) -> int:
+        return self.levels + 1 + self.M
+
+    @property
+    def num_classes(self) -> int:
+        return self.S
+
+    @property
+    def horizon(self) -> int:
+        return self.K
+
+    def seq_len(self, horizon: int | None = None) -> int:
+        return self.header_len + (self.K if horizon is None else horizon)
+
+    def initial_distribution(self) -> Tensor:
+        """``[S]`` float64 distribution of the first hidden state."""
+        if self.initial is None:
+            return torch.full((self.S,), 1.0 / self.S, dtype=torch.float64)
+        return torch.tensor(self.initial, dtype=torch.float64)
+
+    def encode_header(self, transition_counts: Tensor, emission_counts: Tensor) -> Tensor:
+        """``[B, S, S]`` and ``[B, S, M]`` integer counts -> ``[B, header_len]`` tokens."""
+        return torch.cat([transition_counts.flatten(1), emission_counts.flatten(1)], dim=1)
+
+    def decode_header(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`decode_header` for this tunnel's ``S``, ``M`` and grid."""
+        transition, emission = decode_header(tokens, self.S, self.M)
+        if tokens[:, : self.S].sum(-1).ne(self.levels).any():
+            raise ValueError(f"not a header of this tunnel: rows must sum to 1/grid = {self.levels} steps")
+        return transition, emission
+
+    # --- sampling ---------------------------------------------------------------
+
+    def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> HMMEpisode:
+        """Draw ``batch_size`` HMMs and one sequence of ``horizon`` (default ``K``) observations from each."""
+        n_obs = self.K if horizon is None else horizon
+        if n_obs < 1:
+            raise ConfigError(f"horizon={n_obs} is out of range: need at least 1 observation")
+        B, S, M, N = batch_size, self.S, self.M, self.levels
+        transition_counts = quantize_rows(dirichlet((B, S), S, self.concentration, generator=generator), N)
+        emission_counts = quantize_rows(dirichlet((B, S), M, self.concentration, generator=generator), N)
+        initial = self.initial_distribution().expand(B, S)
+        states, observations = _sample_path(transition_counts, emission_counts, initial, n_obs, N, generator)
+        return self._episode(transition_counts, emission_counts, initial, states, observations)
+
+    def relabel(self, episode: HMMEpisode, permutation: Tensor) -> HMMEpisode:
+        """The same sequences under the state relabeling ``permutation`` (``[S]`` or ``[B, S]``).
+
+        New state ``i`` is old state ``sigma[i]``: ``T'[i, j] = T[sigma[i], sigma[j]]``,
+        ``E'[i] = E[sigma[i]]``, ``pi'[i] = pi[sigma[i]]``. The observations are unchanged
+        (the permuted HMM assigns them the same probability); the header is re-encoded and
+        the posterior recomputed from the permuted HMM by the forward filter.
+        """
+        B, S = episode.batch_size, self.S
+        sigma = permutation.expand(B, S)
+        transition_counts = episode.tokens[:, : S * S].reshape(B, S, S)
+        emission_counts = episode.tokens[:, S * S : self.header_len].reshape(B, S, self.M)
+        rows = sigma[:, :, None]
+        transition_counts = transition_counts.gather(1, rows.expand(B, S, S)).gather(2, sigma[:, None, :].expand(B, S, S))
+        emission_counts = emission_counts.gather(1, rows.expand(B, S, self.M))
+        initial = episode.initial.gather(1, sigma)
+        inverse = sigma.argsort(dim=1)  # inverse[b, old] = new
+        states = inverse.gather(1, episode.states)
+        return self._episode(transition_counts, emission_counts, initial, states, episode.observations)
+
+    def _episode(
+        self, transition_counts: Tensor, emission_counts: Tensor, initial: Tensor, states: Tensor, observations: Tensor
+    ) -> HMMEpisode:
+        N = self.levels
+        header = self.encode_header(transition_counts, emission_counts)  # [B, header_len]
+        tokens = torch.cat([header, observations + N + 1], dim=1)  # [B, header_len + K]
+        transition, emission = transition_counts.double() / N, emission_counts.double() / N
+        posterior, log_likelihood = forward_filter(transition, emission, initial, observations)
+        return HMMEpisode(
+            tokens=tokens,
+            positions=torch.arange(self.header_len, tokens.shape[1]),
+            targets=states,
+            posterior=posterior,
+            entropy_bits=entropy_bits(posterior),
+            transition=transition,
+            emission=emission,
+            initial=initial.contiguous(),
+            states=states,
+            observations=observations,
+            log_likelihood=log_likelihood,
+        )
+
+
+def decode_header(tokens: Tensor, S: int, M: int) -> tuple[Tensor, Tensor]:
+    """Read ``T`` and ``E`` back from the header at the start of ``[B, >= S*S + S*M]`` tokens.
+
+    Header tokens are grid counts; every row sums to the same ``N = 1 / grid``, so the
+    matrices are ``counts / N`` in float64: exactly those the posterior was computed from.
+
+    Returns:
+        ``[B, S, S]`` transition and ``[B, S, M]`` emission matrices, float64.
+    """
+    header_len = S * S + S * M
+    header = tokens[:, :header_len]
+    if header.shape[1] != header_len or header.min() < 0:
+        raise ValueError(f"not an HMM header: need {header_len} non-negative count tokens")
+    transition = header[:, : S * S].reshape(-1, S, S)
+    emission = header[:, S * S :].reshape(-1, S, M)
+    levels = transition[:, :1, :].sum(-1, keepdim=True)  # [B, 1, 1]
+    if (transition.sum(-1, keepdim=True) != levels).any() or (emission.sum(-1, keepdim=True) != levels).any():
+        raise ValueError("not an HMM header: every row must sum to the same number of grid steps")
+    return transition.double() / levels, emission.double() / levels
+
+
+def quantize_rows(probs: Tensor, levels: int) -> Tensor:
+    """Round each row of ``probs`` to integer counts summing to exactly ``levels``.
+
+    Largest-remainder rounding: floor every ``p * levels``, then give the missing units to
+    the entries with the largest remainders, so each entry moves by less than one grid step.
+
+    Args:
+        probs: ``[..., k]`` rows summing to 1.
+
+    Returns:
+        ``[..., k]`` int64 counts.
+    """
+    scaled = probs * levels
+    counts = scaled.floor()
+    missing = levels - counts.sum(-1, keepdim=True)  # [..., 1], in 0..k-1
+    order = (scaled - counts).argsort(dim=-1, descending=True, stable=True)  # largest remainder first
+    bonus = torch.arange(probs.shape[-1]) < missing  # [..., k]: one unit to each of the first `missing`
+    return counts.long().scatter_add_(-1, order, bonus.long())
+
+
+def _sample_path(
+    transition_counts: Tensor, emission_counts: Tensor, initial: Tensor, n_obs: int, levels: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """Hidden states and observations ``[B, K]`` from integer-count HMMs, with exact probabilities.
+
+    An integer draw ``r`` uniform in ``[0, levels)`` selects outcome ``i`` iff
+    ``cum[i-1] <= r < cum[i]``, i.e. with probability ``counts[i] / levels``: no rounding.
+    """
+    B, S, M = emission_counts.shape
+    transition_cum = transition_counts.cumsum(-1).view(B * S, S)  # row b*S + s holds T[b, s]
+    transition_draws = torch.randint(0, levels, (n_obs - 1, B, 1), generator=generator)
+    emission_draws = torch.randint(0, levels, (B, n_obs, 1), generator=generator)
+    row_base = torch.arange(B) * S
+    state = torch.multinomial(initial, 1, generator=generator).squeeze(1)  # [B]
+    path = [state]
+    for t in range(n_obs - 1):  # the Markov chain is sequential; emissions are drawn after it
+        state = (transition_cum[row_base + state] <= transition_draws[t]).sum(-1)
+        path.append(state)
+    states = torch.stack(path, dim=1)  # [B, K]
+    emission_cum = emission_counts.cumsum(-1).gather(1, states[:, :, None].expand(B, n_obs, M))  # [B, K, M]
+    observations = (emission_cum <= emission_draws).sum(-1)  # [B, K]
+    return states, observations
+
+
+_RESCALE_EVERY = 8  # (1/levels)^16 stays far above float64's smallest normal for levels <= 1e9
+
+
+def forward_filter(transition: Tensor, emission: Tensor, initial: Tensor, observations: Tensor) -> tuple[Tensor, Tensor]:
+    """The forward algorithm, normalized at every step.
+
+    Args:
+        transition: ``[B, S, S]`` float64.
+        emission: ``[B, S, M]`` float64.
+        initial: ``[B, S]`` or ``[S]`` float64 distribution of ``s_1``.
+        observations: ``[B, K]`` int64.
+
+    Returns:
+        posterior ``[B, K, S]`` float64, ``p(s_t | o_1..o_t)``; and ``[B]`` float64
+        ``log p(o_1..o_K)`` in nats, the sum of the logs of the per-step normalizers.
+    """
+    B, K = observations.shape
+    S = transition.shape[-1]
+    # likelihood[t, b, s] = E[b, s, o_t]; time-major so each step reads a contiguous slice
+    likelihood = emission.gather(2, observations[:, None, :].expand(B, S, K)).permute(2, 0, 1).contiguous()
+    # The recursion runs on the unnormalized joint p(s_t, o_1..o_t) (scale does not change
+    # relative float64 error) and is rescaled every few steps so it cannot underflow: each
+    # step shrinks it by p(o_t | o_<t) >= (1 / levels)^2 for data the HMM generated.
+    joint = torch.empty(K, B, S, dtype=torch.float64)
+    log_scale = torch.zeros(B, dtype=torch.float64)  # log of the factors divided out so far
+    predicted = initial.expand(B, S)
+    for t in range(K):
+        torch.mul(predicted, likelihood[t], out=joint[t])
+        if t % _RESCALE_EVERY == _RESCALE_EVERY - 1:
+            scale = joint[t].sum(-1, keepdim=True)  # [B, 1]
+            joint[t] /= scale
+            log_scale += scale.squeeze(1).log()
+        predicted = torch.bmm(joint[t, :, None, :], transition).squeeze(1)
+    evidence = joint.sum(-1, keepdim=True)  # [K, B, 1]
+    log_likelihood = log_scale + evidence[-1, :, 0].log()  # nats
+    return (joint / evidence).transpose(0, 1), log_likelihood

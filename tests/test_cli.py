@@ -1,0 +1,70 @@
+"""The command line, run as a user would: a subprocess, its stdout, stderr and exit status."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+
+def windtunnel(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_sample_bijection_json_lines():
+    result = windtunnel("sample", "bijection", "--n", "3", "--seed", "1", "--set", "V=6")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 3
+    for r in records:
+        assert set(r) >= {"tokens", "positions", "targets", "posterior", "entropy_bits", "mapping", "inputs", "outputs"}
+        assert len(r["posterior"]) == len(r["positions"]) == len(r["targets"]) == len(r["entropy_bits"]) == 5
+        assert all(len(p) == 6 for p in r["posterior"])
+        # Independent checks from the printed record alone: outputs are pi(inputs), targets are outputs,
+        # and H(k) = log2(V - k + 1) without replacement.
+        assert r["outputs"] == [r["mapping"][x] for x in r["inputs"]] == r["targets"]
+        assert [round(h, 12) for h in r["entropy_bits"]] == [round(math.log2(6 - k), 12) for k in range(5)]
+
+
+def test_sample_hmm_json_lines_decode_header():
+    result = windtunnel("sample", "hmm", "--n", "2", "--set", "K=4", "--set", "S=3", "--set", "M=2")
+    assert result.returncode == 0, result.stderr
+    for line in result.stdout.splitlines():
+        r = json.loads(line)
+        assert len(r["T"]) == 3 and len(r["E"][0]) == 2 and len(r["observations"]) == 4
+        assert all(abs(sum(row) - 1) < 1e-12 for row in r["T"] + r["E"])
+        assert r["positions"] == list(range(15, 19))
+        assert [t - 101 - 0 for t in r["tokens"][15:]] == r["observations"]
+
+
+def test_same_seed_same_output():
+    a = windtunnel("sample", "hmm", "--n", "2", "--seed", "5").stdout
+    b = windtunnel("sample", "hmm", "--n", "2", "--seed", "5").stdout
+    assert a == b and a
+
+
+def test_table_format():
+    result = windtunnel("sample", "bijection", "--n", "1", "--format", "table")
+    assert result.returncode == 0 and "mapping pi:" in result.stdout and "H_bits" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sample", "nope"], "unknown tunnel 'nope'; choose one of: bijection, hmm"),
+        (["sample", "hmm", "--set", "X=1"], "unknown key 'X' for HMMTunnel"),
+        (["sample", "hmm", "--set", "K=ten"], "K='ten' has the wrong type: expected int"),
+        (["sample", "hmm", "--set", "concentration=0"], "concentration=0.0 is out of range"),
+        (["sample", "bijection", "--set", "V=1"], "V=1 is out of range"),
+        (["sample", "bijection", "--n", "0"], "argument --n: 0 is out of range"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = windtunnel(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # one line, no traceback, no usage dump
+    assert result.stdout == ""

@@ -1,0 +1,152 @@
+"""Bijection tunnel against independent oracles: brute-force counting over all V! bijections."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from windtunnel.config import ConfigError
+from windtunnel.tunnels import BijectionTunnel
+
+# Posterior entries are ratios of small integers; float64 division is within 1 ulp of them.
+EXACT = dict(rtol=0, atol=1e-12)
+
+
+def brute_force_posterior(V: int, shown: list[tuple[int, int]], x: int) -> np.ndarray:
+    """p(pi(x) = y | shown pairs) by counting every bijection consistent with the pairs."""
+    counts = np.zeros(V)
+    for perm in itertools.permutations(range(V)):
+        if all(perm[a] == b for a, b in shown):
+            counts[perm[x]] += 1
+    return counts / counts.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(V=4),
+        dict(V=5, L=5),
+        dict(V=5, with_replacement=True, L=8),
+        dict(V=6, with_replacement=True, L=7, query=True),
+        dict(V=6, L=3, query=True),
+    ],
+)
+def test_posterior_equals_brute_force_counting(params):
+    tunnel = BijectionTunnel(**params)
+    episode = tunnel.sample(12, generator=torch.Generator().manual_seed(1))
+    V = tunnel.V
+    for b in range(episode.batch_size):
+        tokens = episode.tokens[b].tolist()
+        pairs = [(tokens[2 * k], tokens[2 * k + 1] - V) for k in range(tunnel.L)]
+        for p, pos in enumerate(episode.positions.tolist()):
+            x = tokens[pos]
+            shown = pairs[: pos // 2]  # pairs strictly before this input token
+            expected = brute_force_posterior(V, shown, x)
+            np.testing.assert_allclose(episode.posterior[b, p].numpy(), expected, **EXACT)
+            assert episode.targets[b, p] == episode.mapping[b, x]  # the label is pi(x)
+
+
+def test_layout_and_fields_agree():
+    tunnel = BijectionTunnel(V=7, L=5, query=True)
+    episode = tunnel.sample(9, generator=torch.Generator().manual_seed(2))
+    assert tunnel.vocab_size == 14 and tunnel.num_classes == 7
+    assert episode.tokens.shape == (9, tunnel.seq_len()) == (9, 11)
+    assert episode.positions.tolist() == [0, 2, 4, 6, 8, 10]
+    assert torch.equal(episode.tokens[:, 0:10:2], episode.inputs)
+    assert torch.equal(episode.tokens[:, 1:10:2] - 7, episode.outputs)
+    assert torch.equal(episode.outputs, episode.mapping.gather(1, episode.inputs))
+    # Every mapping is a bijection; without replacement inputs are distinct.
+    assert torch.equal(episode.mapping.sort(1).values, torch.arange(7).expand(9, 7))
+    assert all(len(set(row)) == 5 for row in episode.inputs.tolist())
+    # The query repeats a shown input and its answer is known.
+    q = episode.query_index
+    assert torch.equal(episode.tokens[:, -1], episode.inputs.gather(1, q[:, None]).squeeze(1))
+    assert torch.all(episode.entropy_bits[:, -1] == 0)
+    mask = episode.mask
+    assert mask.shape == episode.tokens.shape and mask[:, 0::2].all() and not mask[:, 1::2].any()
+
+
+def test_entropy_closed_form_without_replacement():
+    V = 20
+    episode = BijectionTunnel(V=V).sample(64, generator=torch.Generator().manual_seed(3))
+    expected = torch.tensor([math.log2(V - k + 1) for k in range(1, V)], dtype=torch.float64)
+    torch.testing.assert_close(episode.entropy_bits, expected.expand(64, V - 1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("params", [dict(V=20), dict(V=9, with_replacement=True, L=30, query=True)])
+def test_posteriors_normalized_and_entropy_matches_scipy(params):
+    episode = BijectionTunnel(**params).sample(32, generator=torch.Generator().manual_seed(4))
+    post = episode.posterior.numpy()
+    assert episode.posterior.dtype == torch.float64
+    np.testing.assert_allclose(post.sum(-1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(episode.entropy_bits.numpy(), stats.entropy(post, base=2, axis=-1), rtol=0, atol=1e-12)
+
+
+def test_with_replacement_staircase():
+    """A repeated input has entropy 0; a new one has log2(#unused outputs)."""
+    episode = BijectionTunnel(V=5, L=12, with_replacement=True).sample(16, generator=torch.Generator().manual_seed(5))
+    for b in range(16):
+        seen: set[int] = set()
+        for k, x in enumerate(episode.inputs[b].tolist()):
+            expected = 0.0 if x in seen else math.log2(5 - len(seen))
+            assert episode.entropy_bits[b, k].item() == pytest.approx(expected, abs=1e-12)
+            seen.add(x)
+
+
+def _chi_square_pvalue(rows: list[list[int]], outcomes: list[tuple[int, ...]]) -> float:
+    index = {outcome: i for i, outcome in enumerate(outcomes)}
+    counts = np.zeros(len(outcomes))
+    for row in rows:
+        counts[index[tuple(row)]] += 1
+    return stats.chisquare(counts).pvalue
+
+
+def test_sampled_bijections_are_uniform():
+    """Pearson chi-square, significance level 0.001, fixed seed: over the 24 bijections of V=4,
+    and over the 24 ordered draws of 3 distinct inputs (sampling without replacement)."""
+    episode = BijectionTunnel(V=4).sample(48_000, generator=torch.Generator().manual_seed(6))
+    assert _chi_square_pvalue(episode.mapping.tolist(), list(itertools.permutations(range(4)))) > 1e-3
+    assert _chi_square_pvalue(episode.inputs.tolist(), list(itertools.permutations(range(4), 3))) > 1e-3
+
+
+def test_same_seed_same_batch_bit_for_bit():
+    tunnel = BijectionTunnel(V=10, with_replacement=True, L=15, query=True)
+    a = tunnel.sample(50, generator=torch.Generator().manual_seed(7))
+    b = tunnel.sample(50, generator=torch.Generator().manual_seed(7))
+    c = tunnel.sample(50, generator=torch.Generator().manual_seed(8))
+    for name in ("tokens", "targets", "posterior", "entropy_bits", "mapping", "query_index"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_evaluation_horizon():
+    tunnel = BijectionTunnel(V=10, L=5, with_replacement=True)
+    episode = tunnel.sample(3, generator=torch.Generator().manual_seed(9), horizon=25)
+    assert episode.tokens.shape == (3, tunnel.seq_len(25)) == (3, 50)
+
+
+@pytest.mark.parametrize(
+    "params, name",
+    [
+        (dict(V=1), "V=1"),
+        (dict(V=5, L=6), "L=6"),
+        (dict(V=5, L=0), "L=0"),
+        (dict(V="20"), "V='20'"),
+        (dict(V=5, query=1), "query=1"),
+    ],
+)
+def test_bad_parameters_name_the_problem(params, name):
+    with pytest.raises(ConfigError) as info:
+        BijectionTunnel(**params)
+    message = str(info.value)
+    assert name in message and "\n" not in message
+
+
+def test_bad_horizon():
+    with pytest.raises(ConfigError, match="horizon=9"):
+        BijectionTunnel(V=8).sample(2, generator=torch.Generator(), horizon=9)
