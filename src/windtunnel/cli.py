@@ -50,17 +50,24 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("tunnel", metavar="TUNNEL", help=f"one of: {', '.join(sorted(TUNNELS))}")
     sample.add_argument("--n", type=_positive_int, default=4, help="number of sequences (default 4)")
     sample.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator (default 0)")
-    sample.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set a tunnel parameter, e.g. V=8, with_replacement=true, K=50, initial=0.5,0.5 (repeatable)",
-    )
+    _add_overrides(sample, "set a tunnel parameter, e.g. V=8, with_replacement=true, K=50, initial=0.5,0.5 (repeatable)")
     sample.add_argument("--format", choices=("json", "table"), default="json", help="JSON lines (default) or a table")
     sample.set_defaults(run=_cmd_sample)
+
+    info = commands.add_parser(
+        "info",
+        help="parameter counts of a run config's model",
+        description="Build the model CONFIG describes (for its tunnel) and print one JSON object: "
+        "params, params_by_part, and for a capacity-matched control target_params and mismatch.",
+    )
+    info.add_argument("config", metavar="CONFIG", help="a run config (.toml), e.g. configs/paper/hmm_mlp.toml")
+    _add_overrides(info, "override a config value, e.g. model.d_model=128 (repeatable)")
+    info.set_defaults(run=_cmd_info)
     return parser
+
+
+def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
 def _cmd_sample(args: argparse.Namespace) -> None:
@@ -72,6 +79,27 @@ def _cmd_sample(args: argparse.Namespace) -> None:
             print(json.dumps(record))
         else:
             print(_table(tunnel, record, i))
+
+
+def _cmd_info(args: argparse.Namespace) -> None:
+    from windtunnel.models import build_model, count_params, match_transformer, params_by_part
+    from windtunnel.run_config import load_run_config
+
+    config = load_run_config(args.config, args.overrides)
+    tunnel = config.tunnel
+    shape = dict(vocab_size=tunnel.vocab_size, num_classes=tunnel.num_classes, max_len=config.max_len)
+    with torch.device("meta"):  # counts need shapes, not memory
+        model = build_model(config.model_kind, config.model, **shape)
+    result: dict[str, Any] = {"config": args.config, "kind": config.model_kind, **shape}
+    result["params"] = count_params(model)
+    result["params_by_part"] = params_by_part(model)
+    if config.model_kind == "mlp":
+        result["n_blocks"], result["d_hidden"] = model.config.n_blocks, model.config.d_hidden
+        sizing = match_transformer(config.model, **shape)
+        if sizing is not None:
+            result["target_params"] = sizing.target_params
+            result["mismatch"] = round(sizing.mismatch, 6)
+    print(json.dumps(result))
 
 
 def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:

@@ -105,6 +105,17 @@ def check_field_types(obj: Any) -> None:
             object.__setattr__(obj, field.name, coerced)
 
 
+def _dataclass_of(annotation: Any) -> type | None:
+    """The dataclass an annotation holds: ``C`` for ``C`` or ``C | None``, else None."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        if len(options) == 1 and dataclasses.is_dataclass(options[0]):
+            return options[0]
+    return None
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     hints = get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -122,9 +133,9 @@ def from_mapping(cls: type, data: Mapping[str, Any], *, prefix: str = "") -> Any
     for key, value in data.items():
         if key not in types_by_name:
             raise _unknown_key(key, prefix, cls)
-        annotation = types_by_name[key]
-        if dataclasses.is_dataclass(annotation) and isinstance(value, Mapping):
-            value = from_mapping(annotation, value, prefix=f"{prefix}{key}.")
+        nested = _dataclass_of(types_by_name[key])
+        if nested is not None and isinstance(value, Mapping):
+            value = from_mapping(nested, value, prefix=f"{prefix}{key}.")
         kwargs[key] = value
     try:
         return cls(**kwargs)
@@ -191,8 +202,11 @@ def parse_text(text: str, annotation: Any, name: str) -> Any:
     raise ConfigError(f"{name}={text!r} has the wrong type: expected {_type_name(annotation)}")
 
 
-def apply_overrides(cls: type, data: Mapping[str, Any], assignments: Sequence[str]) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``dotted.key=value`` assignment applied, typed by ``cls``."""
+def apply_overrides(cls: type, data: Mapping[str, Any], assignments: Sequence[str], *, prefix: str = "") -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.key=value`` assignment applied, typed by ``cls``.
+
+    ``prefix`` (e.g. ``"train."``) is prepended to the keys named in error messages.
+    """
     result: dict[str, Any] = _deep_copy(data)
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
@@ -203,14 +217,20 @@ def apply_overrides(cls: type, data: Mapping[str, Any], assignments: Sequence[st
         for depth, part in enumerate(path):
             types_by_name = _field_types(owner)
             if part not in types_by_name:
-                raise _unknown_key(part, "".join(p + "." for p in path[:depth]), owner)
+                raise _unknown_key(part, prefix + "".join(p + "." for p in path[:depth]), owner)
             annotation = types_by_name[part]
             if depth == len(path) - 1:
-                node[part] = parse_text(text, annotation, ".".join(path))
-            elif dataclasses.is_dataclass(annotation):
-                owner, node = annotation, node.setdefault(part, {})
+                node[part] = parse_text(text, annotation, prefix + ".".join(path))
+            elif _dataclass_of(annotation) is not None:
+                child = node.get(part)
+                if child is None:
+                    child = {}
+                elif dataclasses.is_dataclass(child):
+                    child = to_mapping(child)
+                node[part] = child
+                owner, node = _dataclass_of(annotation), child
             else:
-                raise ConfigError(f"'{'.'.join(path[: depth + 1])}' is a value, not a section; cannot set {key}")
+                raise ConfigError(f"'{prefix}{'.'.join(path[: depth + 1])}' is a value, not a section; cannot set {prefix}{key}")
     return result
 
 

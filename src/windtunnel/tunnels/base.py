@@ -92,8 +92,14 @@ class Tunnel(Protocol):
     def horizon(self) -> int:
         """The default horizon."""
 
+    def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
+        """Raise ``ConfigError`` (naming the value as ``name``) unless ``horizon`` can be sampled."""
+
     def seq_len(self, horizon: int | None = None) -> int:
         """Length ``T`` of a sequence with the given horizon (default: the tunnel's)."""
+
+    def prior_predictive(self, n_positions: int) -> Tensor:
+        """``[n_positions, C]`` float64: the best predictor that ignores every token (a baseline)."""
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> Episode:
         """Draw ``batch_size`` fresh hypotheses and one sequence from each."""

@@ -83,14 +83,15 @@ class BijectionTunnel:
             raise ConfigError(f"V={self.V} is out of range: need V >= 2")
         if self.L is None:
             object.__setattr__(self, "L", self.V - 1)
-        self._check_pairs("L", self.L)
+        self.check_horizon(self.L, name="L")
 
-    def _check_pairs(self, name: str, n_pairs: int) -> None:
-        if n_pairs < 1:
-            raise ConfigError(f"{name}={n_pairs} is out of range: need at least 1 pair")
-        if not self.with_replacement and n_pairs > self.V:
+    def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
+        """Raise :class:`ConfigError` unless ``horizon`` pairs can be shown."""
+        if horizon < 1:
+            raise ConfigError(f"{name}={horizon} is out of range: need at least 1 pair")
+        if not self.with_replacement and horizon > self.V:
             raise ConfigError(
-                f"{name}={n_pairs} is out of range: without replacement at most V={self.V} distinct inputs "
+                f"{name}={horizon} is out of range: without replacement at most V={self.V} distinct inputs "
                 "exist (set with_replacement=true for longer sequences)"
             )
 
@@ -109,10 +110,14 @@ class BijectionTunnel:
     def seq_len(self, horizon: int | None = None) -> int:
         return 2 * (self.L if horizon is None else horizon) + int(self.query)
 
+    def prior_predictive(self, n_positions: int) -> Tensor:
+        """``[n_positions, V]`` float64: before any pair is seen, every output is equally likely."""
+        return torch.full((n_positions, self.V), 1.0 / self.V, dtype=torch.float64)
+
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> BijectionEpisode:
         """Draw ``batch_size`` bijections and one sequence of ``horizon`` pairs (+ query) from each."""
         n_pairs = self.L if horizon is None else horizon
-        self._check_pairs("horizon", n_pairs)
+        self.check_horizon(n_pairs)
         B, V = batch_size, self.V
         mapping = random_permutations(B, V, generator=generator)  # [B, V]
         if self.with_replacement:

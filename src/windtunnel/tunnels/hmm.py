@@ -95,8 +95,7 @@ class HMMTunnel:
             raise ConfigError(f"S={self.S} is out of range: need at least 1 hidden state")
         if self.M < 1:
             raise ConfigError(f"M={self.M} is out of range: need at least 1 observation symbol")
-        if self.K < 1:
-            raise ConfigError(f"K={self.K} is out of range: need at least 1 observation")
+        self.check_horizon(self.K, name="K")
         if not (math.isfinite(self.concentration) and self.concentration > 0):
             raise ConfigError(f"concentration={self.concentration} is out of range: need a finite value > 0")
         levels = 1.0 / self.grid if 0 < self.grid <= 1 else 0.0
@@ -113,6 +112,11 @@ class HMMTunnel:
                     f"initial={list(p)} is not a distribution over S={self.S} states: need {self.S} non-negative "
                     "numbers summing to 1 (or leave it unset for uniform)"
                 )
+
+    def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
+        """Raise :class:`ConfigError` unless ``horizon`` is a valid number of observations."""
+        if horizon < 1:
+            raise ConfigError(f"{name}={horizon} is out of range: need at least 1 observation")
 
     # --- layout -----------------------------------------------------------------
 
@@ -146,6 +150,18 @@ class HMMTunnel:
             return torch.full((self.S,), 1.0 / self.S, dtype=torch.float64)
         return torch.tensor(self.initial, dtype=torch.float64)
 
+    def prior_predictive(self, n_positions: int) -> Tensor:
+        """``[n_positions, S]`` float64: p(s_t) for a predictor that reads nothing.
+
+        ``s_1`` follows ``initial``. Every later state is uniform: the Dirichlet prior on each
+        row of ``T`` is symmetric, so ``E[T[i, j]] = 1/S`` and ``p(s_2 = j) = 1/S`` exactly;
+        for ``t > 2`` this is exact when ``initial`` is uniform (the default) and a close
+        approximation otherwise.
+        """
+        prior = torch.full((n_positions, self.S), 1.0 / self.S, dtype=torch.float64)
+        prior[0] = self.initial_distribution()
+        return prior
+
     def encode_header(self, transition_counts: Tensor, emission_counts: Tensor) -> Tensor:
         """``[B, S, S]`` and ``[B, S, M]`` integer counts -> ``[B, header_len]`` tokens."""
         return torch.cat([transition_counts.flatten(1), emission_counts.flatten(1)], dim=1)
@@ -162,8 +178,7 @@ class HMMTunnel:
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> HMMEpisode:
         """Draw ``batch_size`` HMMs and one sequence of ``horizon`` (default ``K``) observations from each."""
         n_obs = self.K if horizon is None else horizon
-        if n_obs < 1:
-            raise ConfigError(f"horizon={n_obs} is out of range: need at least 1 observation")
+        self.check_horizon(n_obs)
         B, S, M, N = batch_size, self.S, self.M, self.levels
         transition_counts = quantize_rows(dirichlet((B, S), S, self.concentration, generator=generator), N)
         emission_counts = quantize_rows(dirichlet((B, S), M, self.concentration, generator=generator), N)

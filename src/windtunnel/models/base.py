@@ -1,0 +1,177 @@
+"""What every windtunnel model shares: embeddings, a block stack, final norm, class head.
+
+``SequenceModel`` is the common interface: ``forward(tokens, *, trace=None) -> logits``,
+the trace protocol (``activation_names``, ``n_layers``, ``attention_heads``), stacked
+weight accessors, and seeded initialization. A family only builds its blocks.
+
+Parameters are named so that a checkpoint's keys say where they live::
+
+    token_embed.weight  pos_embed.weight  blocks.{l}.attn.{ln,qkv,proj}.*
+    blocks.{l}.mlp.{ln,fc_in,fc_out}.*  ln_final.*  head.{weight,bias}
+
+There are no buffers and no tied weights: ``state_dict()`` holds one contiguous tensor
+per parameter and nothing else, so it saves as safetensors as is.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from windtunnel.config import ConfigError
+from windtunnel.models.trace import NULL_TRACE, Trace
+
+__all__ = ["SequenceModel"]
+
+#: Standard deviation of the initial weights (GPT-2's choice).
+INIT_STD = 0.02
+
+
+class SequenceModel(nn.Module, abc.ABC):
+    """Token + learned absolute position embeddings -> blocks -> LayerNorm -> linear class head.
+
+    Args:
+        blocks: the residual blocks, each ``block(x, trace, layer) -> x``.
+        d_model: residual width.
+        vocab_size: number of token ids.
+        num_classes: number of output classes ``C`` (the head's width).
+        max_len: size of the position table: the longest sequence the model accepts.
+    """
+
+    #: Registry name of the family ("transformer", "mlp").
+    kind: ClassVar[str]
+
+    def __init__(
+        self, blocks: list[nn.Module], *, d_model: int, vocab_size: int, num_classes: int, max_len: int
+    ) -> None:
+        for name, value in (("vocab_size", vocab_size), ("num_classes", num_classes), ("max_len", max_len)):
+            if value < 1:
+                raise ConfigError(f"{name}={value} is out of range: need {name} >= 1")
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.num_classes = num_classes
+        self.max_len = max_len
+        self.d_model = d_model
+        self.token_embed = nn.Embedding(vocab_size, d_model)
+        self.pos_embed = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_final = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, num_classes)
+
+    # --- trace protocol ------------------------------------------------------------
+
+    @property
+    def n_layers(self) -> int:
+        """Number of residual blocks."""
+        return len(self.blocks)
+
+    @property
+    @abc.abstractmethod
+    def activation_names(self) -> list[str]:
+        """Every name a trace can record, in forward order (see :mod:`windtunnel.models.names`)."""
+
+    @property
+    def attention_heads(self) -> dict[int, int]:
+        """``{layer: n_heads}`` for the layers that have attention (none by default)."""
+        return {}
+
+    # --- forward -------------------------------------------------------------------
+
+    def forward(self, tokens: Tensor, *, trace: Trace | None = None) -> Tensor:
+        """Logits over the classes at every position.
+
+        Args:
+            tokens: ``[B, T]`` int64 token ids, ``T <= max_len``.
+            trace: records activations and applies interventions for this call only.
+
+        Returns:
+            ``[B, T, C]`` float32 logits; position ``t`` depends on ``tokens[:, :t+1]`` only.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [B, T]; got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(f"sequence length {T} exceeds the position table (max_len={self.max_len})")
+        tr = NULL_TRACE if trace is None else trace.start(self)
+        positions = torch.arange(T, device=tokens.device)  # [T]
+        embed = tr.record("embed", self.token_embed(tokens))  # [B, T, d_model]
+        pos_embed = tr.record("pos_embed", self.pos_embed(positions).expand(B, T, self.d_model))  # [B, T, d_model]
+        x = embed + pos_embed  # [B, T, d_model]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, tr, layer)  # [B, T, d_model]
+        x = tr.record("ln_final", self.ln_final(x))  # [B, T, d_model]
+        logits = tr.record("logits", self.head(x))  # [B, T, C]
+        return logits.float()  # float32 even under autocast: metrics compare with float64 posteriors
+
+    def run_with_trace(
+        self, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any
+    ) -> tuple[Tensor, Trace]:
+        """``(logits, trace)`` of one traced forward; see :func:`windtunnel.models.trace.run_with_trace`."""
+        trace = Trace(names, **options)
+        return self(tokens, trace=trace), trace
+
+    # --- initialization ------------------------------------------------------------
+
+    @property
+    def n_residual_writes(self) -> int:
+        """How many sublayers add to the residual stream (sets the output-projection init scale)."""
+        return self.n_layers
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 initialization: N(0, 0.02) weights, zero biases, unit LayerNorms.
+
+        Projections that write into the residual stream (``attn.proj``, ``mlp.fc_out``)
+        are scaled by ``1/sqrt(n_residual_writes)`` so the stream's variance at the top
+        does not grow with depth.
+
+        Args:
+            generator: draws every weight (CPU), so a seed fixes the model independently
+                of the global RNG; ``None`` uses the global RNG.
+        """
+        residual_std = INIT_STD / math.sqrt(self.n_residual_writes)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith((".proj", ".fc_out")) else INIT_STD
+                nn.init.normal_(module.weight, 0.0, std, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    # --- stacked weights (copies, detached: editing them never changes the model) ------
+
+    @property
+    def W_E(self) -> Tensor:
+        """``[vocab_size, d_model]`` token embeddings."""
+        return self.token_embed.weight.detach().clone()
+
+    @property
+    def W_pos(self) -> Tensor:
+        """``[max_len, d_model]`` position embeddings."""
+        return self.pos_embed.weight.detach().clone()
+
+    @property
+    def W_U(self) -> Tensor:
+        """``[d_model, C]`` head weights: ``logits = ln_final(x) @ W_U + b_U``."""
+        return self.head.weight.detach().t().clone()
+
+    @property
+    def b_U(self) -> Tensor:
+        """``[C]`` head bias."""
+        return self.head.bias.detach().clone()
+
+    @property
+    def W_in(self) -> Tensor:
+        """``[n_layers, d_model, d_mlp]``: ``mlp.pre = mlp_in @ W_in[l] + b_in[l]``."""
+        return torch.stack([block.mlp.fc_in.weight.detach().t() for block in self.blocks])
+
+    @property
+    def W_out(self) -> Tensor:
+        """``[n_layers, d_mlp, d_model]``: ``mlp_out = mlp.post @ W_out[l] + b_out[l]``."""
+        return torch.stack([block.mlp.fc_out.weight.detach().t() for block in self.blocks])

@@ -1,0 +1,253 @@
+"""A run's whole configuration: which tunnel, which model, how to train, how to evaluate.
+
+Run configs are TOML files with four sections; every key is checked against the
+dataclass that declares it (unknown keys, wrong types and out-of-range values are
+errors), and the resolved config is written to the run directory as JSON::
+
+    [tunnel]                 # `name` picks the tunnel; the other keys are its parameters
+    name = "bijection"
+    V = 20
+
+    [model]                  # `kind` picks the model family; the other keys are its config
+    kind = "transformer"
+    n_layers = 6
+
+    [train]                  # TrainConfig
+    steps = 100_000
+
+    [eval]                   # EvalConfig
+    horizons = [20, 30, 50]
+
+Overrides use dotted keys typed by the same dataclasses: ``train.lr=3e-4``,
+``tunnel.K=30``, ``model.matched_to.d_mlp=512``, ``eval.horizons=20,50``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from windtunnel.config import ConfigError, apply_overrides, check_field_types, from_mapping, to_mapping
+from windtunnel.models import MODELS, MLPConfig, TransformerConfig, model_class
+from windtunnel.tunnels import Tunnel, tunnel_class
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a model is trained (SPEC §5 gives the paper's values; these defaults are the bijection's).
+
+    Args:
+        steps: optimizer steps; every step draws a fresh batch.
+        batch_size: sequences per step (across all processes under DDP).
+        lr: peak learning rate.
+        schedule: ``constant``, or ``cosine`` (linear warm-up, then cosine decay to ``min_lr``).
+        warmup_steps: linear warm-up steps (both schedules).
+        min_lr: learning rate at the end of the cosine decay.
+        weight_decay: AdamW decoupled weight decay.
+        betas: AdamW ``(beta1, beta2)``.
+        grad_clip: maximum global gradient norm (0 disables clipping).
+        target: ``hard`` (cross-entropy with the sampled label) or ``soft`` (with the exact posterior).
+        seed: seeds the initial weights and the training data stream.
+        eval_every: steps between evaluations on the fixed held-out set (0: only at the end).
+        checkpoint_every: steps between resumable checkpoints (0: only at the end).
+        log_every: steps between lines of ``metrics.jsonl``.
+        snapshots_per_decade: permanent weight snapshots per factor of 10 in steps (log-spaced,
+            for the training-dynamics analyses), plus step 0 and the last step.
+        device: ``auto`` (CUDA if present), ``cpu`` or ``cuda``.
+        bf16: bfloat16 autocast on CUDA (ignored on CPU).
+    """
+
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 1e-3
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    betas: tuple[float, ...] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    target: Literal["hard", "soft"] = "hard"
+    seed: int = 0
+    eval_every: int = 500
+    checkpoint_every: int = 500
+    log_every: int = 50
+    snapshots_per_decade: int = 4
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 1")
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "weight_decay", "grad_clip", "min_lr", "snapshots_per_decade"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 0")
+        if self.log_every < 1:
+            raise ConfigError(f"log_every={self.log_every} is out of range: need >= 1")
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr} is out of range: need > 0")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr={self.min_lr} is out of range: need min_lr <= lr={self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas={list(self.betas)} is out of range: need two numbers in [0, 1)")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a model is evaluated against the exact posterior.
+
+    Args:
+        n: held-out sequences per horizon (a fixed set, drawn from ``seed``).
+        batch_size: sequences per forward pass.
+        horizons: horizons to evaluate at; empty means the tunnel's training horizon.
+            The model's position table is sized for the longest.
+        seed: seed of the held-out set, separate from every training stream.
+        bootstrap: bootstrap resamples for the 95% intervals.
+    """
+
+    n: int = 2048
+    batch_size: int = 512
+    horizons: tuple[int, ...] = ()
+    seed: int = 10_000_019
+    bootstrap: int = 1000
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        for name in ("n", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 1")
+        if self.bootstrap < 0:
+            raise ConfigError(f"bootstrap={self.bootstrap} is out of range: need >= 0")
+        if any(h < 1 for h in self.horizons):
+            raise ConfigError(f"horizons={list(self.horizons)} is out of range: every horizon must be >= 1")
+
+
+ModelConfig = TransformerConfig | MLPConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Tunnel + model + training + evaluation, checked against each other.
+
+    Attributes:
+        tunnel: the tunnel object (its parameters are its fields).
+        model: the model family's config (``model_kind`` names the family).
+    """
+
+    tunnel: Tunnel
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        for horizon in self.horizons:
+            self.tunnel.check_horizon(horizon, name="eval.horizons")
+        if self.model.max_len is not None and self.model.max_len < self.max_len:
+            raise ConfigError(
+                f"model.max_len={self.model.max_len} is out of range: the longest evaluated sequence "
+                f"(horizon {max(self.horizons)}) has {self.max_len} tokens; need model.max_len >= {self.max_len}"
+            )
+
+    @property
+    def model_kind(self) -> str:
+        return next(kind for kind, cls in MODELS.items() if isinstance(self.model, cls.config_class))
+
+    @property
+    def horizons(self) -> tuple[int, ...]:
+        """Evaluation horizons (the training horizon when none are configured)."""
+        return self.eval.horizons or (self.tunnel.horizon,)
+
+    @property
+    def max_len(self) -> int:
+        """The position table the model needs: the longest of training and evaluation sequences."""
+        return max(self.tunnel.seq_len(h) for h in (*self.horizons, self.tunnel.horizon))
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain nested dict (JSON/TOML-able); :func:`run_config_from_mapping` inverts it."""
+        return {
+            "tunnel": {"name": self.tunnel.name, **to_mapping(self.tunnel)},
+            "model": {"kind": self.model_kind, **to_mapping(self.model)},
+            "train": to_mapping(self.train),
+            "eval": to_mapping(self.eval),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_mapping(), indent=2, sort_keys=False)
+
+
+_SECTIONS = ("tunnel", "model", "train", "eval")
+
+
+def _section_class(section: str, data: Mapping[str, Any]) -> type:
+    if section == "tunnel":
+        return tunnel_class(_required(data, "tunnel", "name"))
+    if section == "model":
+        return model_class(_required(data, "model", "kind")).config_class
+    return {"train": TrainConfig, "eval": EvalConfig}[section]
+
+
+def _required(data: Mapping[str, Any], section: str, key: str) -> str:
+    value = data.get(section, {}).get(key)
+    if not isinstance(value, str):
+        raise ConfigError(f"{section}.{key}={value!r} is missing or not a string: every run config names its {section} {key}")
+    return value
+
+
+_SELECTORS = {"tunnel": "name", "model": "kind"}
+
+
+def run_config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
+    """Build a :class:`RunConfig` from a nested mapping and ``section.key=value`` overrides."""
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown section '{sorted(unknown)[0]}' in run config; allowed sections: {', '.join(_SECTIONS)}")
+    data = {section: dict(data.get(section, {})) for section in _SECTIONS}
+    by_section: dict[str, list[str]] = {section: [] for section in _SECTIONS}
+    for assignment in overrides:
+        section, dot, rest = assignment.partition(".")
+        if section not in _SECTIONS or not dot:
+            raise ConfigError(
+                f"override {assignment!r} does not start with a section: use one of "
+                f"{', '.join(s + '.KEY=VALUE' for s in _SECTIONS)}"
+            )
+        selector = _SELECTORS.get(section)
+        if selector and rest.partition("=")[0].strip() == selector:  # switching tunnel or model family
+            data[section][selector] = rest.partition("=")[2].strip()
+        else:
+            by_section[section].append(rest)
+    built = {}
+    for section in _SECTIONS:
+        params = dict(data[section])
+        selector = _SELECTORS.get(section)
+        cls = _section_class(section, data)
+        if selector:
+            params.pop(selector)
+        params = apply_overrides(cls, params, by_section[section], prefix=f"{section}.")
+        built[section] = from_mapping(cls, params, prefix=f"{section}.")
+    return RunConfig(**built)
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML run config (or a resolved ``config.json``) and apply overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist: give the path of a .toml run config")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {error}") from None
+    return run_config_from_mapping(data, overrides)
+

@@ -1,0 +1,93 @@
+"""Run configs: strict loading, typed dotted overrides, cross-field checks, round trip, paper presets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from windtunnel.config import ConfigError
+from windtunnel.models import MLPConfig, TransformerConfig
+from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
+from windtunnel.tunnels import BijectionTunnel, HMMTunnel
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PAPER = sorted((CONFIGS / "paper").glob("*.toml"))
+
+
+def test_paper_presets_follow_the_paper_protocol():
+    assert {p.stem for p in PAPER} == {
+        "bijection_transformer", "bijection_mlp", "hmm_transformer", "hmm_mlp", "hmm_late_attention_off"
+    }
+    for path in PAPER:
+        config = load_run_config(path)
+        t = config.train
+        assert (t.betas, t.weight_decay, t.grad_clip, t.steps >= 100_000) == ((0.9, 0.999), 0.01, 1.0, True), path
+        if isinstance(config.tunnel, BijectionTunnel):
+            assert (config.tunnel.V, t.lr, t.schedule, t.batch_size) == (20, 1e-3, "constant", 128)
+        else:
+            assert config.tunnel == HMMTunnel(S=5, M=5, K=20)
+            assert (t.lr, t.schedule, t.warmup_steps) == (3e-4, "cosine", 1000)
+            assert config.horizons == (20, 30, 50) and config.max_len == 100
+    late = load_run_config(CONFIGS / "paper" / "hmm_late_attention_off.toml").model
+    assert late == TransformerConfig(n_layers=9, n_heads=8, d_model=256, d_mlp=1024, no_attention_layers=(7, 8))
+
+
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_round_trip_through_json(path, tmp_path):
+    config = load_run_config(path)
+    (tmp_path / "config.json").write_text(config.to_json())
+    assert load_run_config(tmp_path / "config.json") == config
+    assert run_config_from_mapping(json.loads(config.to_json())) == config
+
+
+def test_overrides_are_typed_and_reach_every_section():
+    config = load_run_config(
+        CONFIGS / "paper" / "hmm_mlp.toml",
+        ["train.lr=1e-3", "train.steps=10", "tunnel.K=30", "eval.horizons=30,60", "model.matched_to.d_mlp=512", "train.target=hard"],
+    )
+    assert (config.train.lr, config.train.steps, config.tunnel.K, config.eval.horizons) == (1e-3, 10, 30, (30, 60))
+    assert config.model == MLPConfig(d_model=256, matched_to=TransformerConfig(9, 8, 256, 512))
+    assert config.max_len == 110 and config.train.target == "hard"
+    with pytest.raises(ConfigError, match="unknown key 'model.n_layers' for MLPConfig"):  # keys are checked against the new kind
+        load_run_config(CONFIGS / "paper" / "bijection_transformer.toml", ["model.kind=mlp"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.lr=-1"], "train.lr=-1.0 is out of range"),
+        (["train.stepz=3"], "unknown key 'train.stepz' for TrainConfig"),
+        (["train.steps=1.5"], "train.steps='1.5' has the wrong type: expected int"),
+        (["train.schedule=linear"], "train.schedule='linear' has the wrong type: expected 'constant' | 'cosine'"),
+        (["lr=1"], "does not start with a section"),
+        (["tunnel.name=nope"], "unknown tunnel 'nope'"),
+        (["model.kind=rnn"], "model kind 'rnn' is unknown"),
+        (["eval.horizons=10,25"], "eval.horizons=25 is out of range: without replacement at most V=20"),
+        (["model.max_len=30"], "model.max_len=30 is out of range"),
+    ],
+)
+def test_bad_values_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(CONFIGS / "paper" / "bijection_transformer.toml", overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run_config(tmp_path / "missing.toml")
+    (tmp_path / "broken.toml").write_text("[train\nsteps = 3")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_run_config(tmp_path / "broken.toml")
+    (tmp_path / "extra.toml").write_text('[tunnel]\nname = "hmm"\n[model]\nkind = "transformer"\n[optim]\nlr = 1\n')
+    with pytest.raises(ConfigError, match="unknown section 'optim'"):
+        load_run_config(tmp_path / "extra.toml")
+    (tmp_path / "unnamed.toml").write_text("[tunnel]\nV = 3\n[model]\nkind = 'mlp'\n")
+    with pytest.raises(ConfigError, match="tunnel.name=None is missing"):
+        load_run_config(tmp_path / "unnamed.toml")
+
+
+def test_defaults_fill_missing_sections():
+    config = run_config_from_mapping({"tunnel": {"name": "hmm"}, "model": {"kind": "transformer"}})
+    assert isinstance(config, RunConfig) and config.tunnel == HMMTunnel() and config.horizons == (20,)
