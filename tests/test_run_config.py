@@ -91,3 +91,22 @@ def test_bad_files(tmp_path):
 def test_defaults_fill_missing_sections():
     config = run_config_from_mapping({"tunnel": {"name": "hmm"}, "model": {"kind": "transformer"}})
     assert isinstance(config, RunConfig) and config.tunnel == HMMTunnel() and config.horizons == (20,)
+
+
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+def test_protocol_is_identical_across_architectures_within_a_task(scale):
+    """SPEC §5: within a task every model sees the same tunnel, training and evaluation."""
+    folder = CONFIGS / scale
+    assert {p.stem for p in folder.glob("*.toml")} == {
+        "bijection_transformer", "bijection_mlp", "hmm_transformer", "hmm_mlp", "hmm_late_attention_off"
+    }
+    for task, variants in (("bijection", ["mlp"]), ("hmm", ["mlp", "late_attention_off"])):
+        reference = load_run_config(folder / f"{task}_transformer.toml")
+        for variant in variants:
+            config = load_run_config(folder / f"{task}_{variant}.toml")
+            assert (config.tunnel, config.train, config.eval) == (reference.tunnel, reference.train, reference.eval)
+            if variant == "mlp":
+                assert config.model.matched_to == reference.model and config.model.d_model == reference.model.d_model
+            else:
+                top_two = (reference.model.n_layers - 2, reference.model.n_layers - 1)
+                assert config.model.no_attention_layers == top_two

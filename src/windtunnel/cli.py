@@ -13,14 +13,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from windtunnel.config import ConfigError
+from windtunnel.training.checkpoint import CheckpointError
+from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted
 from windtunnel.tunnels import TUNNELS, make_tunnel
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +68,32 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("config", metavar="CONFIG", help="a run config (.toml), e.g. configs/paper/hmm_mlp.toml")
     _add_overrides(info, "override a config value, e.g. model.d_model=128 (repeatable)")
     info.set_defaults(run=_cmd_info)
+
+    train = commands.add_parser(
+        "train",
+        help="train a model on a tunnel (or resume a run)",
+        description="Train the run CONFIG describes into RUN_DIR, or continue the run in RUN_DIR with --resume. "
+        "Under torchrun the run uses DDP across the launched processes.",
+    )
+    train.add_argument("config", metavar="CONFIG", nargs="?", help="a run config (.toml); omit with --resume")
+    train.add_argument("--out", metavar="RUN_DIR", help="the run directory to create")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    train.add_argument("--force", action="store_true", help="with --resume: accept --set values that change the run's config")
+    train.add_argument("--quiet", action="store_true", help="no progress line")
+    _add_overrides(train, "override a config value, e.g. train.steps=500 train.lr=3e-4 (repeatable)")
+    train.set_defaults(run=_cmd_train)
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a trained run against the exact posterior",
+        description="Evaluate RUN_DIR's final weights at each horizon; write RUN_DIR/eval.json and print a table.",
+    )
+    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("--horizons", type=_positive_int, nargs="+", help="horizons (default: the run's eval.horizons)")
+    evaluate.add_argument("--n", type=_positive_int, help="held-out sequences per horizon (default: the run's eval.n)")
+    evaluate.add_argument("--step", type=int, help="evaluate this snapshot instead of the final weights")
+    evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
+    evaluate.set_defaults(run=_cmd_eval)
     return parser
 
 
@@ -102,6 +133,34 @@ def _cmd_info(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def _cmd_train(args: argparse.Namespace) -> None:
+    from windtunnel.run_config import load_run_config
+    from windtunnel.runs import prepare_new_run, prepare_resume
+    from windtunnel.training.trainer import train
+
+    if args.resume:
+        if args.config or args.out:
+            raise ConfigError("--resume RUN_DIR continues an existing run: give no CONFIG and no --out")
+        config = prepare_resume(Path(args.resume), args.overrides, force=args.force)
+        run_dir, resume = Path(args.resume), True
+    else:
+        if not args.config or not args.out:
+            raise ConfigError("train needs CONFIG and --out RUN_DIR (or --resume RUN_DIR)")
+        config = load_run_config(args.config, args.overrides)
+        run_dir, resume = Path(args.out), False
+        prepare_new_run(run_dir)
+    result = train(config, run_dir, resume=resume, progress=not args.quiet)
+    summary = {"run_dir": str(result.run_dir), "steps": result.steps, "wall_s": round(result.wall_s, 1), **(result.final_eval or {})}
+    print(json.dumps(summary))
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from windtunnel.runs import evaluate_run, format_table
+
+    result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
+    print(format_table(result))
+
+
 def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:
     """A human-readable view of one sequence record."""
     lines = [f"# sequence {index}: {tunnel}"]
@@ -135,9 +194,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except ConfigError as error:
+    except (ConfigError, CheckpointError) as error:
         print(f"windtunnel: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except TrainingDiverged as error:
+        print(f"windtunnel: training diverged: {error}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except TrainingInterrupted as error:
+        print(f"windtunnel: {error}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `windtunnel sample ... | head` is fine
         sys.stderr.close()
     return 0

@@ -1,0 +1,190 @@
+"""Run directories: create, resume, load the trained model, evaluate it.
+
+A run directory is what ``windtunnel train`` writes (see
+:mod:`windtunnel.training.checkpoint` for the files) plus ``eval.json`` from
+``windtunnel eval``. Everything here is callable from Python; the CLI only parses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from windtunnel.config import ConfigError
+from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
+from windtunnel.models import build_model
+from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
+from windtunnel.training.checkpoint import (
+    RESUME_FILE,
+    CheckpointError,
+    atomic_write_text,
+    list_snapshots,
+    load_resume,
+    load_snapshot,
+    read_resume_step,
+)
+
+__all__ = [
+    "CONFIG_FILE",
+    "EVAL_FILE",
+    "METRICS_FILE",
+    "build_run_model",
+    "evaluate_run",
+    "format_table",
+    "load_run_model",
+    "prepare_new_run",
+    "prepare_resume",
+    "read_run_config",
+]
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.json"
+
+
+def build_run_model(config: RunConfig) -> nn.Module:
+    """The model a run config describes, freshly initialized from ``train.seed`` (on CPU)."""
+    tunnel = config.tunnel
+    return build_model(
+        config.model_kind,
+        config.model,
+        vocab_size=tunnel.vocab_size,
+        num_classes=tunnel.num_classes,
+        max_len=config.max_len,
+        generator=torch.Generator().manual_seed(config.train.seed),
+    )
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The resolved config of the run in ``run_dir``."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run directory {str(run_dir)!r} does not exist")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise CheckpointError(f"{str(run_dir)!r} is not a run directory: it has no {CONFIG_FILE}")
+    return load_run_config(run_dir / CONFIG_FILE)
+
+
+def prepare_new_run(run_dir: Path) -> None:
+    """Refuse to start a run where one already is (nothing is ever overwritten)."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {str(run_dir)!r} is a file: give a new or empty directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"--out {str(run_dir)!r} is not empty: continue its run with --resume {run_dir} or choose a new directory"
+        )
+
+
+def prepare_resume(run_dir: Path, overrides: Sequence[str] = (), *, force: bool = False) -> RunConfig:
+    """The config to resume ``run_dir`` with: its own, unless ``overrides`` change it (then ``force`` is needed)."""
+    run_dir = Path(run_dir)
+    stored = read_run_config(run_dir)
+    if read_resume_step(run_dir) is None:
+        raise CheckpointError(f"{str(run_dir)!r} has no {RESUME_FILE} to resume from (the run saved no checkpoint yet)")
+    if not overrides:
+        return stored
+    config = run_config_from_mapping(stored.to_mapping(), overrides)
+    if config != stored:
+        changes = _differences(stored.to_mapping(), config.to_mapping())
+        if not force:
+            raise ConfigError(f"resuming with a changed config is refused ({'; '.join(changes)}); pass --force to accept")
+        atomic_write_text(run_dir / CONFIG_FILE, config.to_json())
+    return config
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key}: {a} -> {b}")
+    return changes
+
+
+def load_run_model(run_dir: Path, *, step: int | None = None) -> tuple[RunConfig, nn.Module, int]:
+    """The run's config and model with trained weights: snapshot ``step``, else the final
+    snapshot, else the latest resume state. Returns ``(config, model, step)``."""
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    model = build_run_model(config)
+    snapshots = list_snapshots(run_dir)
+    if step is not None:
+        if step not in snapshots:
+            raise CheckpointError(f"--step {step} is not a snapshot of {str(run_dir)!r}; snapshots: {snapshots}")
+        load_snapshot(run_dir, model, step)
+        return config, model, step
+    if snapshots and snapshots[-1] == config.train.steps:
+        load_snapshot(run_dir, model, snapshots[-1])
+        return config, model, snapshots[-1]
+    if read_resume_step(run_dir) is None:
+        raise CheckpointError(f"{str(run_dir)!r} holds no trained weights yet")
+    optimizer = torch.optim.AdamW(model.parameters())  # only to receive the state; discarded
+    trained, _ = load_resume(run_dir, model, optimizer)
+    return config, model, trained
+
+
+def evaluate_run(
+    run_dir: Path,
+    *,
+    horizons: Sequence[int] | None = None,
+    n: int | None = None,
+    step: int | None = None,
+    relabel: bool = False,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Evaluate the run's model at each horizon (with oracle and prior rows); write ``eval.json``."""
+    run_dir = Path(run_dir)
+    config, model, trained = load_run_model(run_dir, step=step)
+    tunnel, e = config.tunnel, config.eval
+    horizons = tuple(horizons or config.horizons)
+    for h in horizons:
+        tunnel.check_horizon(h, name="--horizons")
+        if tunnel.seq_len(h) > model.max_len:
+            raise ConfigError(
+                f"--horizons {h} is out of range: sequences of {tunnel.seq_len(h)} tokens exceed the model's position "
+                f"table ({model.max_len}); the longest horizon this run supports is set by its eval.horizons"
+            )
+    if relabel and tunnel.name != "hmm":
+        raise ConfigError(f"--relabel applies to the hmm tunnel, not {tunnel.name!r}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    predictor = model_predictor(model, device=device)
+    result: dict[str, Any] = {"run_dir": str(run_dir), "step": trained, "model": config.model_kind, "horizons": {}}
+    for h in horizons:
+        eval_set = EvalSet.draw(tunnel, horizon=h, n=n or e.n, batch_size=e.batch_size, seed=e.seed)
+        scores = evaluate(predictor, eval_set, tunnel=tunnel, bootstrap=e.bootstrap, seed=e.seed)
+        if relabel:
+            scores["relabel"] = score_relabeling(predictor, eval_set, tunnel, seed=e.seed, bootstrap=e.bootstrap)
+        result["horizons"][str(h)] = scores
+    if write:
+        atomic_write_text(run_dir / EVAL_FILE, json.dumps(result, indent=1))
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The scalar metrics of :func:`evaluate_run` as a table (model, oracle, prior per horizon)."""
+    lines = [f"{result['run_dir']} ({result['model']}, step {result['step']})"]
+    lines.append(f"{'horizon':>7} {'row':<8} {'mae_aggregate_bits':>26} {'mae_bits':>26} {'kl_bits':>26}")
+    for h, scores in result["horizons"].items():
+        for row, values in (("model", scores), ("oracle", scores["oracle"]), ("prior", scores["prior"])):
+            cells = []
+            for metric in ("mae_aggregate_bits", "mae_bits", "kl_bits"):
+                ci = values.get(f"{metric}_ci")
+                cells.append(f"{values[metric]:.5f}" + (f" [{ci[0]:.5f}, {ci[1]:.5f}]" if ci else ""))
+            lines.append(f"{h:>7} {row:<8} " + " ".join(f"{c:>26}" for c in cells))
+        if "relabel" in scores:
+            r = scores["relabel"]
+            lines.append(
+                f"{h:>7} relabel  mae_bits {r['mae_bits_before']:.5f} -> {r['mae_bits_after']:.5f}, "
+                f"delta {r['delta_mae_bits']:+.5f} [{r['delta_mae_bits_ci'][0]:+.5f}, {r['delta_mae_bits_ci'][1]:+.5f}]"
+            )
+    return "\n".join(lines)

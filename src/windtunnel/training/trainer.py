@@ -1,0 +1,305 @@
+"""The training loop: fresh episodes every step, AdamW, schedule, clipping, evaluation,
+atomic checkpoints, exact resume, and DDP when launched by ``torchrun``.
+
+    from windtunnel.run_config import load_run_config
+    from windtunnel.training.trainer import train
+    result = train(load_run_config("configs/cpu/bijection_transformer.toml"), "runs/bij")
+
+Reproducibility: the weights are initialized from ``train.seed`` and the batch of step
+``s`` on rank ``r`` is drawn from a generator seeded by ``(train.seed, r, s)`` alone. So the
+data needs no saved RNG state, ranks draw disjoint data, and a run resumed from any
+checkpoint replays exactly the steps it lost: on CPU its final weights are bit-identical
+to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from windtunnel import __version__
+from windtunnel.evaluation import EvalSet, evaluate, model_predictor
+from windtunnel.models import count_params
+from windtunnel.run_config import RunConfig
+from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
+from windtunnel.training.checkpoint import (
+    atomic_write_text,
+    load_resume,
+    save_resume,
+    save_snapshot,
+    snapshot_steps,
+)
+from windtunnel.training.distributed import Distributed, pick_device, setup_distributed
+from windtunnel.training.schedule import learning_rate
+from windtunnel.tunnels import Episode
+
+__all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted", "data_seed", "train"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """Ctrl-C: the state was saved and the run can be resumed."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` returns (on every rank).
+
+    Attributes:
+        run_dir: the run directory.
+        steps: completed optimizer steps.
+        final_eval: the last evaluation on the held-out set (rank 0; None elsewhere).
+        wall_s: wall time of this call.
+        model: the trained model (unwrapped from DDP), on its training device.
+    """
+
+    run_dir: Path
+    steps: int
+    final_eval: dict[str, Any] | None
+    wall_s: float
+    model: nn.Module
+
+
+def data_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of the batch of ``step`` on ``rank``: a hash, so streams never overlap in practice."""
+    digest = hashlib.sha256(f"windtunnel-train:{seed}:{rank}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # non-negative int64
+
+
+def _optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    t = config.train
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8)
+
+
+def _loss(logits: torch.Tensor, episode: Episode, target: str) -> torch.Tensor:
+    """Cross-entropy at the supervised positions: ``logits`` ``[B, P, C]``."""
+    C = logits.shape[-1]
+    if target == "hard":
+        return F.cross_entropy(logits.reshape(-1, C), episode.targets.reshape(-1))
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    return -(episode.posterior.to(log_probs) * log_probs).sum(-1).mean()
+
+
+class _Progress:
+    """One self-rewriting status line on a terminal; a plain line every few seconds otherwise."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self.total, self.start, self.enabled = total, start, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = self.last_print = time.perf_counter()
+
+    def update(self, step: int, loss: float, mae: float | None, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last_print < (0.2 if self.tty else 10.0):
+            return
+        self.last_print = now
+        rate = (step - self.start) / max(now - self.t0, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else float("inf")
+        width = 24
+        filled = int(width * step / self.total)
+        bar = "#" * filled + "." * (width - filled)
+        mae_text = f"mae {mae:.4f} bits" if mae is not None else "mae -"
+        eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if math.isfinite(eta) else "-"
+        line = f"step {step}/{self.total} [{bar}] loss {loss:.4f} {mae_text} {rate:.1f} step/s eta {eta_text}"
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+class _InterruptFlag:
+    """Turns the first Ctrl-C into a request to stop at the next step boundary (a step is
+    never cut in half: its optimizer update is all or nothing); a second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    with open(run_dir / METRICS_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop metric lines past ``step`` (they will be recomputed by the resumed run)."""
+    path = run_dir / METRICS_FILE
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def train(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train the model ``config`` describes, writing everything into ``run_dir``.
+
+    Args:
+        config: the run.
+        run_dir: the run directory; created for a new run, read for ``resume``.
+        resume: continue from ``run_dir/resume.safetensors``.
+        progress: show a progress line on stderr (rank 0).
+        on_step: called with the number of completed steps after each step (tests use it).
+
+    Raises:
+        TrainingDiverged: the loss became NaN/inf (nothing of that step was saved).
+        TrainingInterrupted: Ctrl-C; the state after the last complete step was saved.
+    """
+    run_dir = Path(run_dir)
+    t = config.train
+    device = pick_device(t.device, int(os.environ.get("LOCAL_RANK", "0")))
+    dist = setup_distributed(device)
+    try:
+        return _train(config, run_dir, t, device, dist, resume, progress, on_step)
+    finally:
+        dist.close()
+
+
+def _train(config, run_dir, t, device, dist: Distributed, resume, progress, on_step) -> TrainResult:
+    tunnel = config.tunnel
+    if t.batch_size % dist.world_size:
+        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by the {dist.world_size} processes")
+    local_batch = t.batch_size // dist.world_size
+
+    model = build_run_model(config)
+    optimizer = _optimizer(model, config)
+    start = 0
+    if resume:
+        start, _ = load_resume(run_dir, model, optimizer)
+        if dist.is_main:
+            _truncate_metrics(run_dir, start)
+    elif dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / CONFIG_FILE, config.to_json())
+    model.to(device)
+    # Optimizer state follows its parameters onto the device.
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and key != "step":
+                state[key] = value.to(device)
+    forward: nn.Module = model
+    if dist.enabled:
+        forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.bf16 and device.type == "cuda")
+
+    snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
+    eval_set = EvalSet.draw(tunnel, horizon=tunnel.horizon, n=config.eval.n, batch_size=config.eval.batch_size, seed=config.eval.seed) if dist.is_main else None
+    meta_base = {"version": __version__, "torch": torch.__version__, "params": count_params(model), "config": config.to_mapping()}
+
+    def run_eval() -> dict[str, Any]:
+        return evaluate(model_predictor(model, device=device), eval_set, references=False)
+
+    def save_state(step: int, metrics: dict[str, Any]) -> None:
+        if dist.is_main:
+            save_resume(run_dir, model, optimizer, step, {**meta_base, "metrics": metrics})
+
+    if dist.is_main and start == 0 and 0 in snapshots:
+        save_snapshot(run_dir, model, 0, {**meta_base, "metrics": {}})
+
+    bar = _Progress(t.steps, start, progress and dist.is_main)
+    latest: dict[str, Any] = {}
+    last_mae: float | None = None
+    started = time.perf_counter()
+    interval_start, interval_steps = time.perf_counter(), 0
+    step = start
+    interrupt = _InterruptFlag()
+    try:
+        while step < t.steps:
+            lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
+            episode = tunnel.sample(local_batch, generator=generator).to(device)
+            with autocast:
+                logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+            loss = _loss(logits, episode, t.target)
+            # One collective per step carries the loss and any pending Ctrl-C, so every rank
+            # agrees on divergence and on the step at which to stop.
+            loss_value, stop = dist.mean(torch.stack([loss.detach().float(), torch.tensor(float(interrupt.requested), device=loss.device)]))
+            if not torch.isfinite(loss_value):
+                raise TrainingDiverged(
+                    f"loss became {loss_value.item()} at step {step + 1}; the last good checkpoint is kept "
+                    "(lower train.lr or keep train.grad_clip > 0)"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+            optimizer.step()
+            step += 1
+            interval_steps += 1
+
+            record: dict[str, Any] | None = None
+            if step % t.log_every == 0 or step == t.steps:
+                now = time.perf_counter()
+                record = {
+                    "step": step,
+                    "loss": loss_value.item(),
+                    "lr": lr,
+                    "grad_norm": grad_norm.item(),
+                    "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
+                    "elapsed_s": now - started,
+                }
+                interval_start, interval_steps = now, 0
+            if dist.is_main and ((t.eval_every and step % t.eval_every == 0) or step == t.steps):
+                scores = run_eval()
+                last_mae = scores["mae_bits"]
+                latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
+                record = {**(record or {"step": step, "loss": loss_value.item(), "lr": lr}), **latest}
+            if dist.is_main and record is not None:
+                _append_metrics(run_dir, record)
+            if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps:
+                save_state(step, latest)
+            if dist.is_main and step in snapshots:
+                save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
+            bar.update(step, loss_value.item(), last_mae, force=step == t.steps)
+            if on_step is not None:
+                on_step(step)
+            if stop > 0 and step < t.steps:
+                bar.close()
+                save_state(step, latest)
+                raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
+    finally:
+        interrupt.restore()
+    bar.close()
+    dist.barrier()
+    return TrainResult(run_dir=run_dir, steps=step, final_eval=latest or None, wall_s=time.perf_counter() - started, model=model)

@@ -1,0 +1,242 @@
+"""Training end to end: the loss falls, checkpoints survive SIGKILL and Ctrl-C bit for bit,
+DDP keeps ranks identical, faults give one-line errors and lose nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from windtunnel.run_config import load_run_config
+from windtunnel.training import trainer as trainer_module
+from windtunnel.training.checkpoint import RESUME_FILE, list_snapshots, read_resume_step, snapshot_path
+from windtunnel.training.schedule import learning_rate
+from windtunnel.training.trainer import TrainingDiverged, data_seed, train
+
+TINY = """
+[tunnel]
+name = "bijection"
+V = 6
+[model]
+kind = "transformer"
+n_layers = 2
+n_heads = 2
+d_model = 16
+d_mlp = 32
+[train]
+steps = {steps}
+batch_size = 32
+lr = 3e-3
+eval_every = 10
+checkpoint_every = {checkpoint_every}
+log_every = 5
+[eval]
+n = 128
+batch_size = 64
+bootstrap = 50
+"""
+
+
+def write_config(folder: Path, steps: int = 30, checkpoint_every: int = 5) -> Path:
+    path = folder / "tiny.toml"
+    path.write_text(TINY.format(steps=steps, checkpoint_every=checkpoint_every))
+    return path
+
+
+def windtunnel(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(snapshot_path(run_dir, step)))
+
+
+def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted 30-step run, trained through the command line."""
+    folder = tmp_path_factory.mktemp("reference")
+    result = windtunnel("train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    return folder / "run"
+
+
+def test_run_directory_and_loss_falls(reference_run):
+    records = [json.loads(line) for line in (reference_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r][:2] == [5, 10]
+    assert {"step", "loss", "lr", "grad_norm", "seq_per_s"} <= set(records[0])
+    evals = [r for r in records if "eval_mae_bits" in r]
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert evals[-1]["eval_kl_bits"] < evals[0]["eval_kl_bits"]
+    config = json.loads((reference_run / "config.json").read_text())
+    assert config["train"]["steps"] == 30 and config["tunnel"] == {"name": "bijection", "V": 6, "L": 5, "with_replacement": False, "query": False}
+    # Log-spaced snapshots (4 per decade: round(10^(i/4))) plus step 0 and the last step.
+    expected = sorted({0, 30} | {round(10 ** (i / 4)) for i in range(8) if 10 ** (i / 4) <= 30})
+    assert list_snapshots(reference_run) == expected == [0, 1, 2, 3, 6, 10, 18, 30]
+    meta = json.loads(snapshot_path(reference_run, 30).with_suffix(".json").read_text())
+    assert meta["step"] == 30 and meta["config"] == config and "torch" in meta and meta["params"] > 0
+    assert read_resume_step(reference_run) == 30
+
+
+def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "windtunnel", "train", str(config), "--out", str(run_dir), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill at an arbitrary step past the second checkpoint
+        step = read_resume_step(run_dir) if (run_dir / RESUME_FILE).exists() else None
+        if step is not None and step >= 10:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = read_resume_step(run_dir)
+    assert killed_at is not None and 10 <= killed_at < 30, killed_at
+    result = windtunnel("train", "--resume", str(run_dir), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert_bit_identical(final_weights(run_dir, 30), final_weights(reference_run, 30))
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # lines past the checkpoint were dropped, then rewritten once
+
+
+def test_ctrl_c_saves_and_resumes(reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "windtunnel", "train", str(write_config(tmp_path, checkpoint_every=1000)), "--out", str(run_dir), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and 6 not in list_snapshots(run_dir):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "resume with `windtunnel train --resume" in stderr and "Traceback" not in stderr
+    assert 6 <= read_resume_step(run_dir) < 30
+    result = windtunnel("train", "--resume", str(run_dir), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert_bit_identical(final_weights(run_dir, 30), final_weights(reference_run, 30))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    real_loss = trainer_module._loss
+    calls = {"n": 0}
+
+    def loss_that_breaks(*args):
+        calls["n"] += 1
+        loss = real_loss(*args)
+        return loss * math.nan if calls["n"] == 13 else loss
+
+    monkeypatch.setattr(trainer_module, "_loss", loss_that_breaks)
+    config = load_run_config(write_config(tmp_path))
+    with pytest.raises(TrainingDiverged, match="at step 13"):
+        train(config, tmp_path / "run", progress=False)
+    assert read_resume_step(tmp_path / "run") == 10  # the last checkpoint before the NaN step
+    monkeypatch.setattr(trainer_module, "_loss", real_loss)
+    result = train(config, tmp_path / "run", resume=True, progress=False)
+    assert result.steps == 30
+
+
+def test_bad_run_directories_exit_2(reference_run, tmp_path):
+    cases = [
+        (["train", "--resume", str(tmp_path / "nope")], "does not exist"),
+        (["train", "--resume", str(tmp_path)], "is not a run directory"),
+        (["eval", str(tmp_path / "nope")], "does not exist"),
+        (["train", str(write_config(tmp_path)), "--out", str(reference_run)], "is not empty"),
+        (["train", "--resume", str(reference_run), "--set", "train.lr=1"], "resuming with a changed config is refused"),
+        (["eval", str(reference_run), "--horizons", "9"], "--horizons=9 is out of range"),
+        (["eval", str(reference_run), "--step", "7"], "--step 7 is not a snapshot"),
+    ]
+    for args, message in cases:
+        result = windtunnel(*args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_corrupt_checkpoint_is_refused_and_kept(reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("config.json", RESUME_FILE):
+        (run_dir / name).write_bytes((reference_run / name).read_bytes())
+    data = (run_dir / RESUME_FILE).read_bytes()
+    (run_dir / RESUME_FILE).write_bytes(data[: len(data) // 2])  # a torn write from some other tool
+    result = windtunnel("train", "--resume", str(run_dir), "--set", "train.steps=40", "--force")
+    assert result.returncode == 2 and "truncated or corrupt" in result.stderr
+    assert (run_dir / RESUME_FILE).read_bytes() == data[: len(data) // 2]  # nothing overwritten
+
+
+def test_eval_scores_against_closed_forms(reference_run):
+    result = windtunnel("eval", str(reference_run), "--horizons", "3", "5", "--n", "100")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads((reference_run / "eval.json").read_text())
+    assert scores["step"] == 30 and set(scores["horizons"]) == {"3", "5"}
+    for horizon, h in scores["horizons"].items():
+        # The oracle is the posterior itself: 0 bits up to float64 rounding of log2.
+        assert scores["horizons"][horizon]["oracle"]["mae_bits"] < 1e-12 and h["oracle"]["kl_bits"] < 1e-12
+        # The context-free prior is uniform over V = 6: error log2 6 - log2(6 - k + 1) at pair k.
+        k = range(1, int(horizon) + 1)
+        expected = sum(math.log2(6) - math.log2(7 - i) for i in k) / len(k)
+        assert h["prior"]["mae_bits"] == pytest.approx(expected, abs=1e-12)
+        assert h["prior"]["kl_bits"] == pytest.approx(expected, abs=1e-12)  # KL(uniform-on-subset || uniform) = same gap
+        low, high = h["mae_bits_ci"]
+        assert low <= h["mae_bits"] <= high
+        assert len(h["curves"]["abs_error_bits"]) == int(horizon)
+    assert "oracle" in result.stdout and "prior" in result.stdout
+
+
+def test_schedule_closed_forms():
+    common = dict(lr=1e-3, warmup_steps=10, total_steps=110, min_lr=1e-4)
+    assert learning_rate(0, schedule="cosine", **common) == pytest.approx(1e-4)
+    assert learning_rate(9, schedule="cosine", **common) == pytest.approx(1e-3)
+    assert learning_rate(10, schedule="cosine", **common) == pytest.approx(1e-3)
+    assert learning_rate(109, schedule="cosine", **common) == pytest.approx(1e-4)
+    mid = 10 + 99 / 2
+    assert learning_rate(int(mid), schedule="cosine", **common) == pytest.approx(1e-4 + 0.45e-3 * (1 + math.cos(math.pi * int(mid - 10) / 99)))
+    assert learning_rate(50, schedule="constant", **common) == 1e-3
+
+
+def test_data_streams_are_disjoint_and_reproducible():
+    seeds = {data_seed(0, rank, step) for rank in range(4) for step in range(1000)}
+    assert len(seeds) == 4000
+    assert data_seed(3, 1, 7) == data_seed(3, 1, 7) != data_seed(4, 1, 7)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_keep_ranks_identical(tmp_path):
+    config = write_config(tmp_path, steps=20, checkpoint_every=10)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(Path(__file__).with_name("ddp_worker.py")), str(config), str(tmp_path / "run"), str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0 = safetensors.torch.load_file(str(tmp_path / "rank0.safetensors"))
+    rank1 = safetensors.torch.load_file(str(tmp_path / "rank1.safetensors"))
+    assert_bit_identical(rank0, rank1)
+    assert_bit_identical(rank0, final_weights(tmp_path / "run", 20))  # what rank 0 saved
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0]
