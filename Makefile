@@ -25,6 +25,8 @@ test: install
 
 bench: install
 	$(BIN)/python bench/tunnels.py
+	$(BIN)/python bench/models.py
+	$(BIN)/python bench/eval.py
 
 clean:
 	rm -rf $(VENV)
