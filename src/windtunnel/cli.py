@@ -19,8 +19,11 @@ from typing import Any
 import torch
 
 from windtunnel.config import ConfigError
+from windtunnel.models import build_model, count_params, match_transformer, params_by_part
+from windtunnel.run_config import load_run_config
+from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import CheckpointError
-from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted
+from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, train
 from windtunnel.tunnels import TUNNELS, make_tunnel
 
 EXIT_BAD_INPUT = 2
@@ -113,9 +116,6 @@ def _cmd_sample(args: argparse.Namespace) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> None:
-    from windtunnel.models import build_model, count_params, match_transformer, params_by_part
-    from windtunnel.run_config import load_run_config
-
     config = load_run_config(args.config, args.overrides)
     tunnel = config.tunnel
     shape = dict(vocab_size=tunnel.vocab_size, num_classes=tunnel.num_classes, max_len=config.max_len)
@@ -134,10 +134,6 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
-    from windtunnel.run_config import load_run_config
-    from windtunnel.runs import prepare_new_run, prepare_resume
-    from windtunnel.training.trainer import train
-
     if args.resume:
         if args.config or args.out:
             raise ConfigError("--resume RUN_DIR continues an existing run: give no CONFIG and no --out")
@@ -155,8 +151,6 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
-    from windtunnel.runs import evaluate_run, format_table
-
     result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
     print(format_table(result))
 

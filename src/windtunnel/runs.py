@@ -8,7 +8,6 @@ A run directory is what ``windtunnel train`` writes (see
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

@@ -34,7 +34,7 @@ from torch import nn
 from windtunnel import __version__
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.models import count_params
-from windtunnel.run_config import RunConfig
+from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
 from windtunnel.training.checkpoint import (
     atomic_write_text,
@@ -195,7 +195,16 @@ def train(
         dist.close()
 
 
-def _train(config, run_dir, t, device, dist: Distributed, resume, progress, on_step) -> TrainResult:
+def _train(
+    config: RunConfig,
+    run_dir: Path,
+    t: TrainConfig,
+    device: torch.device,
+    dist: Distributed,
+    resume: bool,
+    progress: bool,
+    on_step: Callable[[int], None] | None,
+) -> TrainResult:
     tunnel = config.tunnel
     if t.batch_size % dist.world_size:
         raise ValueError(f"train.batch_size={t.batch_size} is not divisible by the {dist.world_size} processes")
