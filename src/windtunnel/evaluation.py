@@ -18,7 +18,7 @@ curves (``curves``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from windtunnel.metrics import entropy_bits, kl_bits
+from windtunnel.models import Trace
 from windtunnel.tunnels import Episode, Tunnel
 
 __all__ = [
@@ -63,15 +64,25 @@ class EvalSet:
         return cls(tuple(tunnel.sample(size, generator=generator, horizon=horizon) for size in sizes), horizon)
 
 
-def model_predictor(model: torch.nn.Module, *, device: torch.device | str = "cpu") -> Predictor:
-    """A predictor that runs ``model`` (in eval mode, without gradients) on the episode's tokens."""
+def model_predictor(
+    model: torch.nn.Module, *, device: torch.device | str = "cpu", interventions: Mapping[str, Any] | None = None
+) -> Predictor:
+    """A predictor that runs ``model`` (in eval mode, without gradients) on the episode's tokens.
+
+    Args:
+        model: any windtunnel model.
+        device: where the forward pass runs.
+        interventions: keyword arguments of :class:`~windtunnel.models.Trace` applied to every
+            forward (``mask_heads``, ``skip_layers``, ``replace``): an ablated model.
+    """
 
     @torch.no_grad()
     def predict(episode: Episode) -> Tensor:
         was_training = model.training
         model.eval()
+        trace = Trace((), **interventions) if interventions else None
         try:
-            logits = model(episode.tokens.to(device))[:, episode.positions.to(device)]  # [B, P, C]
+            logits = model(episode.tokens.to(device), trace=trace)[:, episode.positions.to(device)]  # [B, P, C]
         finally:
             model.train(was_training)
         return torch.softmax(logits.double(), dim=-1).cpu()

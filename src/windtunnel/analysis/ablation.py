@@ -1,0 +1,105 @@
+"""Layer and head ablations (the paper's Fig 3 and Fig 4).
+
+Removing a whole layer (attention and feed-forward; the residual stream passes through)
+or zeroing one attention head, and measuring how far the predictions move from the exact
+posterior, relative to the intact model. Results are averaged over the runs given (the
+paper uses 3 seeds) with their spread.
+
+    from windtunnel.analysis.ablation import layer_ablation, head_ablation
+    layers = layer_ablation([model_seed0, model_seed1, model_seed2], eval_set)
+    layers["layers"][0]["mae_ratio"]      # mean over seeds of ablated / intact mae_bits
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from windtunnel.evaluation import EvalSet, evaluate, model_predictor
+
+__all__ = ["head_ablation", "layer_ablation"]
+
+_METRICS = ("mae_aggregate_bits", "mae_bits", "kl_bits")
+
+
+def _scores(model: nn.Module, eval_set: EvalSet, interventions: Mapping[str, Any] | None = None) -> dict[str, float]:
+    result = evaluate(model_predictor(model, interventions=interventions), eval_set, references=False)
+    return {name: result[name] for name in _METRICS}
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return {"mean": t.mean().item(), "std": t.std(unbiased=False).item()}
+
+
+def _ablate(models: Sequence[nn.Module], eval_set: EvalSet, interventions: Mapping[str, Any], intact: list[dict]) -> dict[str, Any]:
+    ablated = [_scores(model, eval_set, interventions) for model in models]
+    row: dict[str, Any] = {}
+    for name in _METRICS:
+        row[name] = _summary([a[name] for a in ablated])
+    # Ratios are taken per run, then averaged: each seed is compared with itself.
+    row["mae_ratio"] = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])["mean"]
+    row["kl_ratio"] = _summary([a["kl_bits"] / i["kl_bits"] for a, i in zip(ablated, intact)])["mean"]
+    row["mae_ratio_std"] = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])["std"]
+    return row
+
+
+def _check_same_shape(models: Sequence[nn.Module]) -> None:
+    if not models:
+        raise ValueError("ablation needs at least one model")
+    shapes = {(m.n_layers, tuple(sorted(m.attention_heads.items()))) for m in models}
+    if len(shapes) != 1:
+        raise ValueError("ablations average over runs of one architecture; these models differ in shape")
+
+
+def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, Any]:
+    """Remove each layer whole, one at a time.
+
+    Returns:
+        ``intact`` (metrics averaged over runs), and ``layers``: for each layer its metrics
+        (mean and spread over runs) and ``mae_ratio``/``kl_ratio`` to the intact model.
+    """
+    _check_same_shape(models)
+    intact = [_scores(model, eval_set) for model in models]
+    layers = []
+    for layer in range(models[0].n_layers):
+        layers.append({"layer": layer, **_ablate(models, eval_set, {"skip_layers": [layer]}, intact)})
+    return {
+        "runs": len(models),
+        "intact": {name: _summary([i[name] for i in intact]) for name in _METRICS},
+        "layers": layers,
+    }
+
+
+def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, Any]:
+    """Zero each attention head, one at a time.
+
+    Returns:
+        ``intact``, ``heads`` (one row per head with its metrics and ratios), ``mae_ratio``
+        as a ``[layer][head]`` grid (None where a layer has no attention), and
+        ``most_destructive``: the head whose removal raises ``mae_bits`` most.
+    """
+    _check_same_shape(models)
+    heads_by_layer = models[0].attention_heads
+    if not heads_by_layer:
+        raise ValueError("head ablation needs a model with attention")
+    intact = [_scores(model, eval_set) for model in models]
+    rows = []
+    for layer, n_heads in sorted(heads_by_layer.items()):
+        for head in range(n_heads):
+            rows.append({"layer": layer, "head": head, **_ablate(models, eval_set, {"mask_heads": {layer: [head]}}, intact)})
+    n_heads = max(heads_by_layer.values())
+    grid: list[list[float | None]] = [[None] * n_heads for _ in range(models[0].n_layers)]
+    for row in rows:
+        grid[row["layer"]][row["head"]] = row["mae_ratio"]
+    worst = max(rows, key=lambda r: r["mae_ratio"])
+    return {
+        "runs": len(models),
+        "intact": {name: _summary([i[name] for i in intact]) for name in _METRICS},
+        "heads": rows,
+        "mae_ratio": grid,
+        "most_destructive": {"layer": worst["layer"], "head": worst["head"], "mae_ratio": worst["mae_ratio"]},
+    }
