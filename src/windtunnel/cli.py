@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
 from windtunnel.run_config import load_run_config
@@ -97,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--step", type=int, help="evaluate this snapshot instead of the final weights")
     evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
     evaluate.set_defaults(run=_cmd_eval)
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="ablations (and, as they land, the paper's other analyses) on trained runs",
+        description="Run analyses on RUN_DIR (or several seeds of one configuration) and write "
+        "<name>.json and <name>.png into RUN_DIR/analysis/ (or --out DIR).",
+    )
+    analyze.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    analyze.add_argument("--only", nargs="+", default=[], metavar="NAME", help=f"analyses to run (default all: {', '.join(ANALYSES)})")
+    analyze.add_argument("--out", help="output directory (required for several runs)")
+    analyze.set_defaults(run=_cmd_analyze)
     return parser
 
 
@@ -153,6 +165,11 @@ def _cmd_train(args: argparse.Namespace) -> None:
 def _cmd_eval(args: argparse.Namespace) -> None:
     result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
     print(format_table(result))
+
+
+def _cmd_analyze(args: argparse.Namespace) -> None:
+    written = analyze([Path(d) for d in args.run_dirs], only=args.only, out=Path(args.out) if args.out else None)
+    print(json.dumps({name: str(path) for name, path in written.items()}))
 
 
 def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:

@@ -1,0 +1,1 @@
+"""Figures and reports. Everything here reads saved analysis results; nothing runs a model."""
