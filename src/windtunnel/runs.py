@@ -126,8 +126,7 @@ def load_run_model(run_dir: Path, *, step: int | None = None) -> tuple[RunConfig
         return config, model, snapshots[-1]
     if read_resume_step(run_dir) is None:
         raise CheckpointError(f"{str(run_dir)!r} holds no trained weights yet")
-    optimizer = torch.optim.AdamW(model.parameters())  # only to receive the state; discarded
-    trained, _ = load_resume(run_dir, model, optimizer)
+    trained, _ = load_resume(run_dir, model)
     return config, model, trained
 
 

@@ -41,9 +41,9 @@ def _ablate(models: Sequence[nn.Module], eval_set: EvalSet, interventions: Mappi
     for name in _METRICS:
         row[name] = _summary([a[name] for a in ablated])
     # Ratios are taken per run, then averaged: each seed is compared with itself.
-    row["mae_ratio"] = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])["mean"]
+    mae_ratio = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])
+    row["mae_ratio"], row["mae_ratio_std"] = mae_ratio["mean"], mae_ratio["std"]
     row["kl_ratio"] = _summary([a["kl_bits"] / i["kl_bits"] for a, i in zip(ablated, intact)])["mean"]
-    row["mae_ratio_std"] = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])["std"]
     return row
 
 

@@ -19,7 +19,7 @@ from windtunnel.models.build import MODELS, build_model, model_class
 from windtunnel.models.config import MLPConfig, TransformerConfig
 from windtunnel.models.mlp import MLPControl
 from windtunnel.models.names import mlp_control_names, transformer_names
-from windtunnel.models.params import PARTS, count_params, params_by_part
+from windtunnel.models.params import PARTS, count_params, params_by_part, unwrap_model
 from windtunnel.models.sizing import MLPSizing, match_transformer, mlp_param_count, size_mlp, transformer_param_count
 from windtunnel.models.trace import Trace, run_with_trace
 from windtunnel.models.transformer import Transformer
@@ -45,4 +45,5 @@ __all__ = [
     "size_mlp",
     "transformer_names",
     "transformer_param_count",
+    "unwrap_model",
 ]

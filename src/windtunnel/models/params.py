@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["PARTS", "count_params", "params_by_part"]
+__all__ = ["PARTS", "count_params", "params_by_part", "unwrap_model"]
 
 #: The parts :func:`params_by_part` reports, in order.
 PARTS: tuple[str, ...] = ("embed", "pos_embed", "blocks/attention", "blocks/mlp", "norms", "head")
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
     """The model inside DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while True:
         for attribute in ("module", "_orig_mod"):
@@ -30,7 +30,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def count_params(model: nn.Module) -> int:
     """Number of scalar parameters (each shared tensor counted once)."""
-    return sum(p.numel() for p in _unwrap(model).parameters())
+    return sum(p.numel() for p in unwrap_model(model).parameters())
 
 
 def _part(name: str) -> str:
@@ -57,6 +57,6 @@ def params_by_part(model: nn.Module) -> dict[str, int]:
     under ``norms``; the values sum to :func:`count_params`.
     """
     counts = dict.fromkeys(PARTS, 0)
-    for name, parameter in _unwrap(model).named_parameters():
+    for name, parameter in unwrap_model(model).named_parameters():
         counts[_part(name)] += parameter.numel()
     return counts

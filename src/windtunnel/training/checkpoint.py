@@ -31,6 +31,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from windtunnel.models import unwrap_model
+
 __all__ = [
     "CheckpointError",
     "RESUME_FILE",
@@ -82,8 +84,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 # --- resume state -------------------------------------------------------------------
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)  # DDP keeps the model in .module; checkpoints never see the wrapper
+def _cpu_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unwrapped model's state dict on the CPU (no DDP ``module.`` or compile ``_orig_mod.`` prefixes)."""
+    return {k: v.detach().contiguous().cpu() for k, v in unwrap_model(model).state_dict().items()}
 
 
 def save_resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, meta: Mapping[str, Any]) -> None:
@@ -92,7 +95,7 @@ def save_resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimize
     The optimizer's per-parameter state (AdamW moments and step counts) is stored as
     tensors ``optim.{index}.{name}``; its hyperparameters come from the config on load.
     """
-    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in _unwrap(model).state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in _cpu_weights(model).items()}
     for index, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
             tensors[f"optim.{index}.{name}"] = torch.as_tensor(value).detach().contiguous().cpu()
@@ -127,13 +130,21 @@ def _check_header(path: Path, metadata: Mapping[str, str]) -> int:
     return int(metadata["step"])
 
 
-def load_resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
-    """Restore model and optimizer from ``run_dir/resume.safetensors``; returns ``(step, meta)``."""
+def load_resume(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> tuple[int, dict[str, Any]]:
+    """Restore the model (and the optimizer, if given) from ``run_dir/resume.safetensors``.
+
+    Returns:
+        ``(step, meta)``.
+    """
     path = Path(run_dir) / RESUME_FILE
     tensors, metadata = _open(path)
     step = _check_header(path, metadata)
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-    _load_weights(path, _unwrap(model), weights)
+    _load_weights(path, unwrap_model(model), weights)
+    if optimizer is None:
+        return step, json.loads(metadata.get("meta", "{}"))
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
@@ -176,9 +187,8 @@ def snapshot_path(run_dir: Path, step: int) -> Path:
 
 def save_snapshot(run_dir: Path, model: nn.Module, step: int, meta: Mapping[str, Any]) -> None:
     """Keep the weights after ``step`` steps: safetensors first, then the JSON that makes it count."""
-    weights = {k: v.detach().contiguous().cpu() for k, v in _unwrap(model).state_dict().items()}
     path = snapshot_path(run_dir, step)
-    atomic_write_bytes(path, safetensors.torch.save(weights, metadata={"step": str(step)}))
+    atomic_write_bytes(path, safetensors.torch.save(_cpu_weights(model), metadata={"step": str(step)}))
     atomic_write_text(path.with_suffix(".json"), json.dumps({"step": step, **meta}, indent=2))
 
 
@@ -194,7 +204,7 @@ def load_snapshot(run_dir: Path, model: nn.Module, step: int) -> dict[str, Any]:
     """Load the weights of snapshot ``step`` into ``model``; returns its JSON metadata."""
     path = snapshot_path(run_dir, step)
     tensors, _ = _open(path)
-    _load_weights(path, _unwrap(model), tensors)
+    _load_weights(path, unwrap_model(model), tensors)
     try:
         return json.loads(path.with_suffix(".json").read_text())
     except (OSError, json.JSONDecodeError) as error:
