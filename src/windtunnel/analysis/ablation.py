@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from windtunnel.analysis.base import Run, eval_set_for, register
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 
 __all__ = ["head_ablation", "layer_ablation"]
@@ -103,3 +104,15 @@ def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, A
         "mae_ratio": grid,
         "most_destructive": {"layer": worst["layer"], "head": worst["head"], "mae_ratio": worst["mae_ratio"]},
     }
+
+
+@register("layer_ablation")
+def layer_ablation_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
+    """Fig 3: each layer removed whole, error ratio to the intact model, averaged over seeds."""
+    return layer_ablation([r.model for r in runs], eval_set_for(runs[0].config))
+
+
+@register("head_ablation", needs_attention=True)
+def head_ablation_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
+    """Fig 4: each head zeroed, heat map of error ratios, the most destructive head."""
+    return head_ablation([r.model for r in runs], eval_set_for(runs[0].config))

@@ -1,60 +1,64 @@
 """``windtunnel analyze``: run analyses on trained runs, save ``<name>.json``, draw ``<name>.png``.
 
-One run writes into ``RUN_DIR/analysis/``; several runs (seeds of one configuration)
-into ``--out DIR``. The figure is drawn from the JSON just written, so a figure can
+One run writes into ``RUN_DIR/analysis/``; several runs (seeds of one configuration, or
+models compared on one tunnel) into ``--out DIR``. Without ``--only``, every analysis
+that applies to the runs given is run (an MLP has no heads to ablate; a comparison needs
+more than one model). The figure is drawn from the JSON just written, so a figure can
 always be redrawn from saved results alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from windtunnel.analysis.ablation import head_ablation, layer_ablation
+# Importing the analysis modules registers their analyses.
+from windtunnel.analysis import ablation as _ablation  # noqa: F401
+from windtunnel.analysis.base import ANALYSES, Run, load_runs
 from windtunnel.config import ConfigError
-from windtunnel.evaluation import EvalSet
 from windtunnel.report.figures import FIGURES
-from windtunnel.runs import load_run_model
 from windtunnel.training.checkpoint import atomic_write_text
 
-__all__ = ["ANALYSES", "analyze"]
-
-#: Analyses by name: each takes (models, eval_set) and returns a JSON-able dict.
-ANALYSES: dict[str, Callable[..., dict[str, Any]]] = {
-    "layer_ablation": layer_ablation,
-    "head_ablation": head_ablation,
-}
+__all__ = ["analyze", "analyze_runs"]
 
 
-def analyze(run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | None = None) -> dict[str, Path]:
-    """Run the analyses ``only`` names (default: all) on the runs; returns ``{name: json path}``."""
+def analyze_runs(runs: Sequence[Run], folder: Path, *, only: Sequence[str] = (), skip_existing: bool = False) -> dict[str, Path]:
+    """Run the analyses ``only`` names (default: all that apply) on loaded runs.
+
+    Writes ``folder/<name>.json`` and ``folder/<name>.png``; with ``skip_existing`` an
+    analysis whose JSON is already there is not recomputed. Returns ``{name: json path}``.
+    """
     unknown = [name for name in only if name not in ANALYSES]
     if unknown:
         raise ConfigError(f"unknown analysis {unknown[0]!r}; choose from: {', '.join(ANALYSES)}")
+    for name in only:
+        reason = ANALYSES[name].applies_to(runs)
+        if reason:
+            raise ConfigError(f"analysis {name!r} does not apply to these runs: {reason}")
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name in only or ANALYSES:
+        analysis = ANALYSES[name]
+        if analysis.applies_to(runs):
+            continue
+        path = folder / f"{name}.json"
+        if not (skip_existing and path.exists()):
+            result = {"analysis": name, "run_dirs": [str(r.directory) for r in runs], **analysis.compute(runs)}
+            atomic_write_text(path, json.dumps(result, indent=1))
+        FIGURES[name](json.loads(path.read_text()), folder / f"{name}.png")
+        written[name] = path
+    return written
+
+
+def analyze(run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | None = None) -> dict[str, Path]:
+    """Load the runs in ``run_dirs`` and analyze them (see :func:`analyze_runs`)."""
     if not run_dirs:
         raise ConfigError("analyze needs at least one RUN_DIR")
     if len(run_dirs) > 1 and out is None:
         raise ConfigError("several runs are analyzed together: give --out DIR for the results")
-    loaded = [load_run_model(Path(d)) for d in run_dirs]
-    configs = [config for config, _, _ in loaded]
-    if any((c.tunnel, c.model) != (configs[0].tunnel, configs[0].model) for c in configs):
-        raise ConfigError("the runs differ in tunnel or model: analyze seeds of one configuration together")
-    models = [model.eval() for _, model, _ in loaded]
-    config = configs[0]
-    eval_set = EvalSet.draw(
-        config.tunnel, horizon=config.tunnel.horizon, n=config.eval.n, batch_size=config.eval.batch_size, seed=config.eval.seed
-    )
+    runs = load_runs(run_dirs)
+    if len({r.config.tunnel for r in runs}) > 1:
+        raise ConfigError("the runs differ in tunnel: analyze runs of one tunnel together")
     folder = Path(out) if out is not None else Path(run_dirs[0]) / "analysis"
-    folder.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for name in only or ANALYSES:
-        if name == "head_ablation" and not models[0].attention_heads:
-            continue  # an attention-free control has no heads to ablate
-        result = {"runs_dirs": [str(d) for d in run_dirs], **ANALYSES[name](models, eval_set)}
-        path = folder / f"{name}.json"
-        atomic_write_text(path, json.dumps(result, indent=1))
-        FIGURES[name](json.loads(path.read_text()), folder / f"{name}.png")
-        written[name] = path
-    return written
+    return analyze_runs(runs, folder, only=only)

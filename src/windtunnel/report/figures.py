@@ -6,6 +6,7 @@ from its ``<name>.json``) and writes a PNG.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,31 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["FIGURES", "plot_head_ablation", "plot_layer_ablation"]
+__all__ = ["FIGURES", "figure", "plot_head_ablation", "plot_layer_ablation"]
+
+#: Figure function for each analysis name: ``plot(result, path)`` writes a PNG.
+FIGURES: dict[str, Callable[[dict[str, Any], Path], None]] = {}
 
 
+def figure(name: str) -> Callable:
+    """Decorator: register ``plot(result, path)`` as the figure of analysis ``name``."""
+
+    def decorate(plot: Callable[[dict[str, Any], Path], None]) -> Callable:
+        FIGURES[name] = plot
+        return plot
+
+    return decorate
+
+
+def save(fig: plt.Figure, path: Path) -> None:
+    """Write ``fig`` as a PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+
+@figure("layer_ablation")
 def plot_layer_ablation(result: dict[str, Any], path: Path) -> None:
     """Fig 3: error ratio to the intact model when each layer is removed (log scale)."""
     layers = result["layers"]
@@ -35,11 +58,10 @@ def plot_layer_ablation(result: dict[str, Any], path: Path) -> None:
     intact = result["intact"]["mae_bits"]["mean"]
     ax.set_title(f"Layer ablation ({result['runs']} run(s); intact mae {intact:.4f} bits)", fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
+@figure("head_ablation")
 def plot_head_ablation(result: dict[str, Any], path: Path) -> None:
     """Fig 4: heat map layers x heads of the error ratio when one head is zeroed."""
     grid = np.array([[np.nan if v is None else v for v in row] for row in result["mae_ratio"]], dtype=float)
@@ -57,10 +79,4 @@ def plot_head_ablation(result: dict[str, Any], path: Path) -> None:
     worst = result["most_destructive"]
     ax.set_title(f"Head ablation: mae ratio (worst L{worst['layer']}H{worst['head']})", fontsize=9)
     fig.colorbar(image, ax=ax, label="log10 ratio")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-#: Figure function for each analysis name.
-FIGURES = {"layer_ablation": plot_layer_ablation, "head_ablation": plot_head_ablation}
+    save(fig, path)

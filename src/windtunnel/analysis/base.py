@@ -1,0 +1,119 @@
+"""What every analysis shares: loaded runs, the fixed evaluation batch, and the registry.
+
+An analysis is a function ``compute(runs) -> dict`` (JSON-able) registered under a name
+with :func:`register`. Its *scope* says which runs it accepts:
+
+- ``"seeds"``: runs of one configuration (same tunnel and model), e.g. three seeds whose
+  results are averaged; most analyses accept a single run.
+- ``"comparison"``: runs of one tunnel with different models (transformer, MLP control,
+  late-attention variant, seeds of each), compared side by side.
+
+    from windtunnel.analysis import ANALYSES, load_runs
+    runs = load_runs(["runs/bij_seed0", "runs/bij_seed1"])
+    result = ANALYSES["layer_ablation"].compute(runs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import nn
+
+from windtunnel.evaluation import EvalSet
+from windtunnel.run_config import RunConfig
+from windtunnel.runs import load_run_model
+
+__all__ = ["ANALYSES", "Analysis", "Run", "eval_set_for", "load_runs", "register"]
+
+Scope = Literal["seeds", "comparison"]
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A trained run: its directory, config, model (eval mode, CPU) and the step it was trained to."""
+
+    directory: Path
+    config: RunConfig
+    model: nn.Module
+    step: int
+
+    @property
+    def label(self) -> str:
+        """A short name for legends: the model kind, its variant, and the seed."""
+        kind = self.config.model_kind
+        if getattr(self.config.model, "no_attention_layers", ()):
+            kind += " (no attention in " + ",".join(map(str, self.config.model.no_attention_layers)) + ")"
+        return f"{kind} seed {self.config.train.seed}"
+
+    @property
+    def configuration(self) -> str:
+        """Runs with equal ``configuration`` differ only in their seed."""
+        return self.label.rsplit(" seed ", 1)[0]
+
+
+def load_runs(run_dirs: Sequence[Path | str], *, step: int | None = None) -> list[Run]:
+    """Load each run's final model (or snapshot ``step``) in eval mode."""
+    runs = []
+    for directory in run_dirs:
+        config, model, trained = load_run_model(Path(directory), step=step)
+        runs.append(Run(Path(directory), config, model.eval(), trained))
+    return runs
+
+
+@lru_cache(maxsize=16)
+def _eval_set(config: RunConfig, horizon: int, n: int) -> EvalSet:
+    return EvalSet.draw(config.tunnel, horizon=horizon, n=n, batch_size=config.eval.batch_size, seed=config.eval.seed)
+
+
+def eval_set_for(config: RunConfig, *, horizon: int | None = None, n: int | None = None) -> EvalSet:
+    """The run's held-out sequences at ``horizon`` (default: the training horizon).
+
+    Fixed by the config's ``eval.seed``: every analysis, checkpoint and model of a tunnel
+    sees the same sequences. ``n`` defaults to ``eval.n``.
+    """
+    return _eval_set(config, horizon or config.tunnel.horizon, n or config.eval.n)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A registered analysis (see the module docstring)."""
+
+    name: str
+    compute: Callable[[Sequence[Run]], dict[str, Any]]
+    scope: Scope
+    needs_attention: bool
+    description: str
+
+    def applies_to(self, runs: Sequence[Run]) -> str | None:
+        """None if the analysis can run on ``runs``, else why not (one line)."""
+        if not runs:
+            return "no runs given"
+        if len({r.config.tunnel for r in runs}) > 1:
+            return "the runs differ in tunnel"
+        if self.scope == "seeds" and len({r.configuration for r in runs}) > 1:
+            return "it averages seeds of one configuration, and these runs differ in model"
+        if self.needs_attention and not any(r.model.attention_heads for r in runs):
+            return "it needs attention, and these models have none"
+        return None
+
+
+#: Every analysis by name, in the order ``windtunnel analyze`` runs them.
+ANALYSES: dict[str, Analysis] = {}
+
+
+def register(name: str, *, scope: Scope = "seeds", needs_attention: bool = False) -> Callable:
+    """Decorator: register ``compute(runs) -> dict`` as analysis ``name``; its docstring's
+    first line is the description."""
+
+    def decorate(compute: Callable[[Sequence[Run]], dict[str, Any]]) -> Callable:
+        if name in ANALYSES:
+            raise ValueError(f"analysis {name!r} is registered twice")
+        description = (compute.__doc__ or name).strip().splitlines()[0]
+        ANALYSES[name] = Analysis(name, compute, scope, needs_attention, description)
+        return compute
+
+    return decorate
