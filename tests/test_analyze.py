@@ -31,7 +31,10 @@ def runs(tmp_path_factory):
 def test_analyze_one_run_writes_json_and_png(runs, capsys):
     assert main(["analyze", str(runs / "seed0")]) == 0
     written = json.loads(capsys.readouterr().out)
-    assert set(written) == {"layer_ablation", "head_ablation"}
+    # Everything that applies to one bijection run; comparisons need several models, and
+    # relabeling permutes hidden states, which the bijection has not.
+    assert {"layer_ablation", "head_ablation", "length_generalization"} <= set(written)
+    assert not {"model_comparison", "late_attention", "seeds", "relabeling"} & set(written)
     folder = runs / "seed0" / "analysis"
     layers = json.loads((folder / "layer_ablation.json").read_text())
     assert [row["layer"] for row in layers["layers"]] == [0, 1] and layers["runs"] == 1
@@ -48,11 +51,32 @@ def test_analyze_seeds_together(runs, tmp_path):
     assert result["runs"] == 2 and not (tmp_path / "head_ablation.json").exists()
 
 
+def test_sweep_trains_each_seed_and_keeps_finished_runs(tmp_path, capsys):
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        '[tunnel]\nname = "bijection"\nV = 5\n[model]\nkind = "transformer"\nn_layers = 1\nn_heads = 1\n'
+        "d_model = 8\nd_mlp = 16\n[train]\nsteps = 6\nbatch_size = 8\neval_every = 0\nlog_every = 2\n[eval]\nn = 16\n"
+    )
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(config), "--seeds", "2", "--out", str(out), "--jobs", "2", "--set", "train.seed=5"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == [str(out / "seed_5"), str(out / "seed_6")]
+    seeds = [json.loads((out / f"seed_{s}" / "config.json").read_text())["train"]["seed"] for s in (5, 6)]
+    assert seeds == [5, 6]
+    finished = (out / "seed_5" / "resume.safetensors").stat().st_mtime_ns
+    assert main(["sweep", str(config), "--seeds", "2", "--out", str(out), "--set", "train.seed=5"]) == 0
+    assert "all 2 runs already done" in capsys.readouterr().err
+    assert (out / "seed_5" / "resume.safetensors").stat().st_mtime_ns == finished  # not retrained
+    # Asking for another protocol in the same directory is refused, not mixed in.
+    assert main(["sweep", str(config), "--seeds", "2", "--out", str(out), "--set", "train.seed=5", "--set", "train.steps=7"]) == 2
+    assert "holds a run of another config" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--only", "nope"], "unknown analysis 'nope'"),
         (["SEED1"], "give --out DIR"),
+        (["--only", "model_comparison"], "does not apply to these runs: it compares models"),
     ],
 )
 def test_bad_requests_exit_2(runs, capsys, extra, message):

@@ -20,6 +20,7 @@ import torch
 
 from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
+from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
 from windtunnel.run_config import load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
@@ -99,9 +100,22 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
     evaluate.set_defaults(run=_cmd_eval)
 
+    sweep = commands.add_parser(
+        "sweep",
+        help="train one run of CONFIG per seed (resumable; in parallel processes with --jobs)",
+        description="Train CONFIG once per seed into DIR/seed_<s> (seeds train.seed, train.seed+1, ...). "
+        "Finished runs are kept and interrupted ones resumed, so the same command continues a sweep.",
+    )
+    sweep.add_argument("config", metavar="CONFIG", help="a run config (.toml)")
+    sweep.add_argument("--seeds", type=_positive_int, required=True, help="number of seeds")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="directory of the runs")
+    sweep.add_argument("--jobs", type=_positive_int, default=1, help="runs trained side by side (default 1)")
+    _add_overrides(sweep, "override a config value for every seed, e.g. train.steps=500 (repeatable)")
+    sweep.set_defaults(run=_cmd_sweep)
+
     analyze = commands.add_parser(
         "analyze",
-        help="ablations (and, as they land, the paper's other analyses) on trained runs",
+        help="the paper's analyses (ablations, generalization, controls, geometry, dynamics) on trained runs",
         description="Run analyses on RUN_DIR (or several seeds of one configuration) and write "
         "<name>.json and <name>.png into RUN_DIR/analysis/ (or --out DIR).",
     )
@@ -167,6 +181,17 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     print(format_table(result))
 
 
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    base = load_run_config(args.config, args.overrides)  # validate before starting anything
+    out = Path(args.out)
+    jobs = []
+    for seed in range(base.train.seed, base.train.seed + args.seeds):
+        overrides = (*args.overrides, f"train.seed={seed}")
+        jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
+    run_jobs(jobs, parallel=args.jobs)
+    print(json.dumps({"runs": [str(job.run_dir) for job in jobs], "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
+
+
 def _cmd_analyze(args: argparse.Namespace) -> None:
     written = analyze([Path(d) for d in args.run_dirs], only=args.only, out=Path(args.out) if args.out else None)
     print(json.dumps({name: str(path) for name, path in written.items()}))
@@ -211,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingDiverged as error:
         print(f"windtunnel: training diverged: {error}", file=sys.stderr)
         return EXIT_DIVERGED
+    except JobFailed as error:
+        print(f"windtunnel: {error}", file=sys.stderr)
+        return 1
     except TrainingInterrupted as error:
         print(f"windtunnel: {error}", file=sys.stderr)
         return EXIT_INTERRUPTED

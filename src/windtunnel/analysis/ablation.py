@@ -15,15 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
-from windtunnel.analysis.base import Run, eval_set_for, register
+from windtunnel.analysis.base import Run, eval_set_for, register, summarize
+from windtunnel.evaluation import METRICS as _METRICS
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 
 __all__ = ["head_ablation", "layer_ablation"]
 
-_METRICS = ("mae_aggregate_bits", "mae_bits", "kl_bits")
 
 
 def _scores(model: nn.Module, eval_set: EvalSet, interventions: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -31,20 +30,15 @@ def _scores(model: nn.Module, eval_set: EvalSet, interventions: Mapping[str, Any
     return {name: result[name] for name in _METRICS}
 
 
-def _summary(values: Sequence[float]) -> dict[str, float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    return {"mean": t.mean().item(), "std": t.std(unbiased=False).item()}
-
-
 def _ablate(models: Sequence[nn.Module], eval_set: EvalSet, interventions: Mapping[str, Any], intact: list[dict]) -> dict[str, Any]:
     ablated = [_scores(model, eval_set, interventions) for model in models]
     row: dict[str, Any] = {}
     for name in _METRICS:
-        row[name] = _summary([a[name] for a in ablated])
+        row[name] = summarize([a[name] for a in ablated])
     # Ratios are taken per run, then averaged: each seed is compared with itself.
-    mae_ratio = _summary([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])
+    mae_ratio = summarize([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])
     row["mae_ratio"], row["mae_ratio_std"] = mae_ratio["mean"], mae_ratio["std"]
-    row["kl_ratio"] = _summary([a["kl_bits"] / i["kl_bits"] for a, i in zip(ablated, intact)])["mean"]
+    row["kl_ratio"] = summarize([a["kl_bits"] / i["kl_bits"] for a, i in zip(ablated, intact)])["mean"]
     return row
 
 
@@ -70,7 +64,7 @@ def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, 
         layers.append({"layer": layer, **_ablate(models, eval_set, {"skip_layers": [layer]}, intact)})
     return {
         "runs": len(models),
-        "intact": {name: _summary([i[name] for i in intact]) for name in _METRICS},
+        "intact": {name: summarize([i[name] for i in intact]) for name in _METRICS},
         "layers": layers,
     }
 
@@ -99,7 +93,7 @@ def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, A
     worst = max(rows, key=lambda r: r["mae_ratio"])
     return {
         "runs": len(models),
-        "intact": {name: _summary([i[name] for i in intact]) for name in _METRICS},
+        "intact": {name: summarize([i[name] for i in intact]) for name in _METRICS},
         "heads": rows,
         "mae_ratio": grid,
         "most_destructive": {"layer": worst["layer"], "head": worst["head"], "mae_ratio": worst["mae_ratio"]},

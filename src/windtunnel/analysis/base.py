@@ -21,13 +21,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
-from windtunnel.evaluation import EvalSet
+from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.run_config import RunConfig
 from windtunnel.runs import load_run_model
 
-__all__ = ["ANALYSES", "Analysis", "Run", "eval_set_for", "load_runs", "register"]
+__all__ = ["ANALYSES", "Analysis", "Run", "by_configuration", "eval_set_for", "load_runs", "register", "scores_at", "summarize"]
 
 Scope = Literal["seeds", "comparison"]
 
@@ -55,6 +56,20 @@ class Run:
         return self.label.rsplit(" seed ", 1)[0]
 
 
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """Mean and spread (population std) of one number over runs."""
+    t = torch.tensor(values, dtype=torch.float64)
+    return {"mean": t.mean().item(), "std": t.std(unbiased=False).item()}
+
+
+def by_configuration(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by :attr:`Run.configuration` (seeds together), in first-seen order."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.configuration, []).append(run)
+    return groups
+
+
 def load_runs(run_dirs: Sequence[Path | str], *, step: int | None = None) -> list[Run]:
     """Load each run's final model (or snapshot ``step``) in eval mode."""
     runs = []
@@ -78,6 +93,18 @@ def eval_set_for(config: RunConfig, *, horizon: int | None = None, n: int | None
     return _eval_set(config, horizon or config.tunnel.horizon, n or config.eval.n)
 
 
+@lru_cache(maxsize=256)
+def scores_at(run: Run, horizon: int | None = None) -> dict[str, Any]:
+    """:func:`~windtunnel.evaluation.evaluate` of the run's model at ``horizon`` (default:
+    the training horizon) on its fixed held-out set, with oracle and prior rows and 95%
+    bootstrap intervals. Cached per run object: the analyses that compare the same models
+    (length generalization, Table 1, late attention, seeds) evaluate each once."""
+    config = run.config
+    eval_set = eval_set_for(config, horizon=horizon)
+    predictor = model_predictor(run.model)
+    return evaluate(predictor, eval_set, tunnel=config.tunnel, bootstrap=config.eval.bootstrap, seed=config.eval.seed)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """A registered analysis (see the module docstring)."""
@@ -87,6 +114,7 @@ class Analysis:
     scope: Scope
     needs_attention: bool
     description: str
+    requires: Callable[[Sequence[Run]], str | None] | None = None
 
     def applies_to(self, runs: Sequence[Run]) -> str | None:
         """None if the analysis can run on ``runs``, else why not (one line)."""
@@ -98,22 +126,29 @@ class Analysis:
             return "it averages seeds of one configuration, and these runs differ in model"
         if self.needs_attention and not any(r.model.attention_heads for r in runs):
             return "it needs attention, and these models have none"
-        return None
+        return self.requires(runs) if self.requires else None
 
 
 #: Every analysis by name, in the order ``windtunnel analyze`` runs them.
 ANALYSES: dict[str, Analysis] = {}
 
 
-def register(name: str, *, scope: Scope = "seeds", needs_attention: bool = False) -> Callable:
+def register(
+    name: str,
+    *,
+    scope: Scope = "seeds",
+    needs_attention: bool = False,
+    requires: Callable[[Sequence[Run]], str | None] | None = None,
+) -> Callable:
     """Decorator: register ``compute(runs) -> dict`` as analysis ``name``; its docstring's
-    first line is the description."""
+    first line is the description. ``requires(runs)`` returns why the analysis does not
+    apply to ``runs`` (one line), or None."""
 
     def decorate(compute: Callable[[Sequence[Run]], dict[str, Any]]) -> Callable:
         if name in ANALYSES:
             raise ValueError(f"analysis {name!r} is registered twice")
         description = (compute.__doc__ or name).strip().splitlines()[0]
-        ANALYSES[name] = Analysis(name, compute, scope, needs_attention, description)
+        ANALYSES[name] = Analysis(name, compute, scope, needs_attention, description, requires)
         return compute
 
     return decorate

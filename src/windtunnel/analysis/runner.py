@@ -13,9 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-# Importing the analysis modules registers their analyses.
-from windtunnel.analysis import ablation as _ablation  # noqa: F401
-from windtunnel.analysis.base import ANALYSES, Run, load_runs
+from windtunnel.analysis import ANALYSES, Run, load_runs
 from windtunnel.config import ConfigError
 from windtunnel.report.figures import FIGURES
 from windtunnel.training.checkpoint import atomic_write_text
@@ -46,6 +44,8 @@ def analyze_runs(runs: Sequence[Run], folder: Path, *, only: Sequence[str] = (),
         if not (skip_existing and path.exists()):
             result = {"analysis": name, "run_dirs": [str(r.directory) for r in runs], **analysis.compute(runs)}
             atomic_write_text(path, json.dumps(result, indent=1))
+            if "markdown" in result:  # a table (Table 1) also as Markdown, beside its JSON
+                atomic_write_text(folder / f"{name}.md", result["markdown"])
         FIGURES[name](json.loads(path.read_text()), folder / f"{name}.png")
         written[name] = path
     return written

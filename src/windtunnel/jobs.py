@@ -1,0 +1,192 @@
+"""Several training runs, one after another or side by side in worker processes, resumable.
+
+Each :class:`TrainJob` is one ``windtunnel train`` run. :func:`run_jobs` looks at what is
+on disk first: a finished run is kept, an interrupted one is resumed from its checkpoint,
+a missing one is started. With ``parallel=J`` it keeps J processes busy, each given
+``cores // J`` threads (on a small CPU, two single-threaded runs side by side train ~1.4×
+the steps per second of one run using both cores: small matrices do not parallelize well
+inside one process). It prints which runs are going and an overall ETA.
+
+Ctrl-C reaches every worker (same process group): each saves at its next step boundary
+and exits, and :func:`run_jobs` raises :class:`~windtunnel.training.TrainingInterrupted`;
+running it again resumes every run where it stopped.
+
+    from windtunnel.jobs import TrainJob, run_jobs
+    run_jobs([TrainJob("seed0", Path("cfg.toml"), Path("out/seed0"), ("train.seed=0",)), ...], parallel=2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from windtunnel.config import ConfigError
+from windtunnel.run_config import RunConfig, load_run_config
+from windtunnel.runs import CONFIG_FILE, METRICS_FILE, read_run_config
+from windtunnel.training.checkpoint import list_snapshots, read_resume_step
+from windtunnel.training.trainer import TrainingInterrupted
+
+__all__ = ["JobFailed", "TrainJob", "job_state", "run_jobs"]
+
+State = Literal["done", "partial", "new"]
+
+
+class JobFailed(RuntimeError):
+    """A worker exited with an error; the message names the run and its log."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One training run: ``config`` (a run config file) with ``overrides``, into ``run_dir``.
+
+    ``expected_s`` is a guess of its wall time, used for the ETA until the run reports
+    its own speed.
+    """
+
+    name: str
+    config: Path
+    run_dir: Path
+    overrides: tuple[str, ...] = ()
+    expected_s: float | None = field(default=None, compare=False)
+
+    def resolved(self) -> RunConfig:
+        """The run config this job trains (validated)."""
+        return load_run_config(self.config, self.overrides)
+
+    @property
+    def log(self) -> Path:
+        """Where the worker's output goes: ``logs/`` beside the run directory (which must
+        start empty, and which a glob over the runs should not also match)."""
+        return self.run_dir.parent / "logs" / f"{self.run_dir.name}.log"
+
+
+def job_state(job: TrainJob) -> State:
+    """``done`` (final snapshot written), ``partial`` (a checkpoint to resume) or ``new``.
+
+    Raises ConfigError if ``run_dir`` holds a run of a different config: a reproduction
+    never silently mixes runs of two protocols.
+    """
+    if not (job.run_dir / CONFIG_FILE).is_file():
+        return "new"
+    stored, wanted = read_run_config(job.run_dir), job.resolved()
+    if stored != wanted:
+        raise ConfigError(
+            f"{str(job.run_dir)!r} holds a run of another config than {job.name!r} asks for; "
+            "use a new output directory (or delete that run)"
+        )
+    if list_snapshots(job.run_dir)[-1:] == [wanted.train.steps]:
+        return "done"
+    return "partial" if read_resume_step(job.run_dir) is not None else "new"
+
+
+def _command(job: TrainJob, state: State) -> list[str]:
+    base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
+    if state == "partial":
+        return [*base, "--resume", str(job.run_dir)]
+    return [*base, str(job.config), "--out", str(job.run_dir), *(f"--set={o}" for o in job.overrides)]
+
+
+def _progress(job: TrainJob) -> tuple[int, float]:
+    """(last logged step, seconds per step measured by the run), from its metrics log."""
+    try:
+        lines = (job.run_dir / METRICS_FILE).read_text().splitlines()
+    except OSError:
+        return 0, 0.0
+    records = [json.loads(line) for line in lines[-40:] if line.strip()]
+    records = [r for r in records if "elapsed_s" in r]
+    if len(records) < 2:
+        return (records[-1]["step"] if records else 0), 0.0
+    first, last = records[0], records[-1]
+    rate = (last["elapsed_s"] - first["elapsed_s"]) / max(last["step"] - first["step"], 1)
+    return last["step"], rate
+
+
+def _format_duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"
+
+
+def run_jobs(
+    jobs: Sequence[TrainJob],
+    *,
+    parallel: int = 1,
+    report: Callable[[str], None] | None = None,
+    report_every_s: float = 30.0,
+) -> None:
+    """Train every job not yet done, ``parallel`` at a time (see the module docstring).
+
+    ``report`` receives one-line progress messages (default: printed to stderr).
+    Raises JobFailed naming the job and its log if a worker fails.
+    """
+    if parallel < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {parallel}")
+    say = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    states = {job.name: job_state(job) for job in jobs}
+    pending = [job for job in jobs if states[job.name] != "done"]
+    total, done = len(jobs), len(jobs) - len(pending)
+    if not pending:
+        say(f"[train] all {total} runs already done")
+        return
+    say(f"[train] {done}/{total} runs already done; {len(pending)} to go, {parallel} at a time")
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
+    last_report = 0.0
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                job = pending.pop(0)
+                state = job_state(job)
+                if state == "new" and job.run_dir.exists():
+                    shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
+                job.log.parent.mkdir(parents=True, exist_ok=True)
+                log = job.log.open("a")
+                process = subprocess.Popen(_command(job, state), stdout=log, stderr=subprocess.STDOUT, env=env)
+                log.close()
+                running[job.name] = (job, process, time.monotonic())
+                say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
+            time.sleep(0.5)
+            for name, (job, process, _) in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[name]
+                if code == 130:
+                    raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
+                if code != 0:
+                    tail = job.log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+                    raise JobFailed(f"training {job.name} failed (exit {code}): {tail[0]} (log: {job.log})")
+                done += 1
+                say(f"[train] {done}/{total} done: {job.name}")
+            now = time.monotonic()
+            if running and now - last_report >= report_every_s:
+                last_report = now
+                say(f"[train] {done}/{total} done; " + _status(running, pending, parallel))
+    except KeyboardInterrupt:
+        for _, process, _ in running.values():
+            process.wait()  # each worker got the same SIGINT: let it save and exit
+        raise TrainingInterrupted("interrupted; run the same command again to resume") from None
+
+
+def _status(running: dict[str, tuple[TrainJob, subprocess.Popen, float]], pending: Sequence[TrainJob], parallel: int) -> str:
+    """Each running job's step and an ETA for all the work left."""
+    parts, remaining_s = [], 0.0
+    for job, _, started in running.values():
+        steps = job.resolved().train.steps
+        step, rate = _progress(job)
+        parts.append(f"{job.name} {step}/{steps}")
+        if rate:
+            remaining_s += (steps - step) * rate
+        elif job.expected_s:
+            remaining_s += max(job.expected_s - (time.monotonic() - started), 0.0)
+    remaining_s += sum(job.expected_s or 0.0 for job in pending)
+    eta = f"; ETA {_format_duration(remaining_s / parallel)}" if remaining_s else ""
+    return "running " + ", ".join(parts) + eta

@@ -1,0 +1,168 @@
+"""Length generalization, relabeling, Table 1, late attention and seeds on constructed models.
+
+Every model here predicts one fixed distribution q at every position (all weights zero
+but the unembedding bias, so logits = log q + c whatever the tokens). Its errors then
+have closed forms computed from the episodes alone, independently of the analysis code:
+|H(q) − H_Bayes| per position, KL(posterior ‖ q), and with q uniform the context-free
+prior's row (every tunnel here has a uniform prior predictive by symmetry).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from windtunnel.analysis import ANALYSES, Run, eval_set_for
+from windtunnel.analysis.runner import analyze_runs
+from windtunnel.config import ConfigError
+from windtunnel.run_config import run_config_from_mapping
+from windtunnel.runs import build_run_model
+
+HMM = {
+    "tunnel": {"name": "hmm", "S": 3, "M": 3, "K": 4, "grid": 0.1},
+    "model": {"kind": "transformer", "n_layers": 2, "n_heads": 2, "d_model": 16, "d_mlp": 32},
+    "eval": {"n": 96, "batch_size": 48, "horizons": [4, 7], "bootstrap": 200},
+}
+MLP = {"kind": "mlp", "n_blocks": 2, "d_hidden": 16, "d_model": 16}
+LATE = {**HMM["model"], "no_attention_layers": [1]}
+
+
+def constant_run(model: dict, distribution: list[float], *, seed: int = 0, base: dict = HMM) -> Run:
+    """A run whose model predicts ``distribution`` at every position, whatever it reads."""
+    config = run_config_from_mapping({**base, "model": model}, [f"train.seed={seed}"])
+    net = build_run_model(config)
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.zero_()
+        net.head.bias.copy_(torch.tensor(distribution).log())
+    return Run(Path(f"/constructed/{model['kind']}/{seed}"), config, net.eval(), 0)
+
+
+def closed_form(run: Run, distribution: list[float], horizon: int) -> dict[str, np.ndarray | float]:
+    """Errors of the constant predictor q against the exact posteriors, in numpy."""
+    q = np.asarray(distribution, dtype=np.float64)
+    h_q = -(q * np.log2(q)).sum()
+    posterior = np.concatenate([e.posterior.numpy() for e in eval_set_for(run.config, horizon=horizon).episodes])  # [N, P, C]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h_bayes = -np.where(posterior > 0, posterior * np.log2(posterior), 0.0).sum(-1)  # [N, P]
+        kl = np.where(posterior > 0, posterior * np.log2(posterior / q), 0.0).sum(-1)
+    return {"abs_error_curve": np.abs(h_q - h_bayes).mean(0), "mae_bits": np.abs(h_q - h_bayes).mean(), "kl_bits": kl.mean()}
+
+
+UNIFORM = [1 / 3] * 3
+SKEWED = [0.7, 0.2, 0.1]
+
+
+def test_length_generalization_matches_the_closed_form_at_each_horizon():
+    run = constant_run(HMM["model"], SKEWED)
+    result = ANALYSES["length_generalization"].compute([run])
+    assert result["training_horizon"] == 4 and set(result["horizons"]) == {"4", "7"}
+    for horizon in (4, 7):
+        expected = closed_form(run, SKEWED, horizon)
+        row = result["horizons"][str(horizon)]
+        # float32 logits of log q: q is reproduced to ~1e-7 relative, far below these tolerances.
+        assert row["mae_bits"]["mean"] == pytest.approx(expected["mae_bits"], rel=1e-5)
+        assert row["kl_bits"]["mean"] == pytest.approx(expected["kl_bits"], rel=1e-5)
+        np.testing.assert_allclose(row["curves"]["abs_error_bits"], expected["abs_error_curve"], rtol=1e-5)
+        assert len(row["curves"]["kl_bits"]) == horizon
+    beyond = result["horizons"]["7"]
+    curve = expected["abs_error_curve"]
+    assert beyond["beyond_training_mae_bits"] == pytest.approx(curve[4:].mean(), rel=1e-5)
+    assert beyond["within_training_mae_bits"] == pytest.approx(curve[:4].mean(), rel=1e-5)
+    assert beyond["jump_at_training_horizon"] == pytest.approx(curve[4:7].mean() / curve[:4].mean(), rel=1e-5)
+
+
+def test_a_predictor_blind_to_the_header_is_exactly_relabeling_invariant():
+    runs = [constant_run(HMM["model"], SKEWED, seed=s) for s in (0, 1)]
+    result = ANALYSES["relabeling"].compute(runs)
+    # A relabeling leaves the observations, and so the entropy of every exact posterior,
+    # unchanged; a predictor that ignores the header is therefore exactly as good after it.
+    # Up to float64 rounding: the permuted posterior's entropy sums the same terms in another order.
+    assert result["delta_mae_bits"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert result["per_run"][0]["delta_mae_bits_ci"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    np.testing.assert_allclose(result["scatter"]["before"], result["scatter"]["after"], atol=1e-12)
+    assert len(result["scatter"]["before"]) == HMM["eval"]["n"]
+
+
+def test_model_comparison_table_against_closed_forms_and_the_prior_row():
+    transformer = constant_run(HMM["model"], SKEWED)
+    mlp = constant_run(MLP, UNIFORM)
+    result = ANALYSES["model_comparison"].compute([transformer, mlp])
+    assert result["reference"] == "transformer" and set(result["models"]) == {"transformer", "mlp"}
+    for horizon in (4, 7):
+        skewed, uniform = closed_form(transformer, SKEWED, horizon), closed_form(mlp, UNIFORM, horizon)
+        rows = {name: model["horizons"][str(horizon)] for name, model in result["models"].items()}
+        assert rows["mlp"]["mae_bits"]["mean"] == pytest.approx(uniform["mae_bits"], rel=1e-5)
+        # The uniform predictor is the context-free prior here (symmetric Dirichlet priors).
+        assert rows["mlp"]["mae_bits"]["mean"] == pytest.approx(rows["mlp"]["prior"]["mae_bits"], rel=1e-5)
+        assert rows["transformer"]["kl_bits"]["mean"] == pytest.approx(skewed["kl_bits"], rel=1e-5)
+        ratio = result["ratios"]["mlp"][str(horizon)]["mae_bits"]
+        assert ratio == pytest.approx(uniform["mae_bits"] / skewed["mae_bits"], rel=1e-5)
+    lines = result["markdown"].splitlines()
+    assert lines[0].startswith("| model | seeds | horizon | mae_bits")
+    assert len(lines) == 2 + 2 * 2 + 2  # header, rule, 2 models x 2 horizons, a prior row per horizon
+
+
+def test_late_attention_factor_is_the_ratio_of_the_two_models_errors():
+    full = constant_run(HMM["model"], SKEWED)
+    late = constant_run(LATE, UNIFORM)
+    result = ANALYSES["late_attention"].compute([full, late])
+    assert result["no_attention_layers"] == [1]
+    for horizon in (4, 7):
+        expected = closed_form(late, UNIFORM, horizon)["kl_bits"] / closed_form(full, SKEWED, horizon)["kl_bits"]
+        assert result["horizons"][str(horizon)]["kl_factor"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_seeds_spread_and_gap_to_the_mlp():
+    # Two "seeds" predicting different constants: their spread is the difference of their
+    # closed-form errors; the MLP's gap is measured from their mean.
+    seed0, seed1 = constant_run(HMM["model"], SKEWED, seed=0), constant_run(HMM["model"], [0.5, 0.3, 0.2], seed=1)
+    mlp = constant_run(MLP, UNIFORM)
+    result = ANALYSES["seeds"].compute([seed0, seed1, mlp])
+    assert result["seeds"] == [0, 1] and result["model"] == "transformer"
+    row = result["horizons"]["4"]
+    a, b = closed_form(seed0, SKEWED, 4)["mae_bits"], closed_form(seed1, [0.5, 0.3, 0.2], 4)["mae_bits"]
+    m = closed_form(mlp, UNIFORM, 4)["mae_bits"]
+    assert row["spread_bits"] == pytest.approx(abs(a - b), rel=1e-4)
+    assert row["gap_to_mlp_bits"] == pytest.approx(m - (a + b) / 2, rel=1e-4)
+    assert row["gap_over_spread"] == pytest.approx((m - (a + b) / 2) / abs(a - b), rel=1e-3)
+
+
+def test_which_analyses_apply(tmp_path):
+    single = [constant_run(HMM["model"], UNIFORM)]
+    mixed = [*single, constant_run(MLP, UNIFORM)]
+    assert ANALYSES["model_comparison"].applies_to(single) is not None
+    assert ANALYSES["seeds"].applies_to(mixed) is not None  # one seed of each model
+    assert ANALYSES["late_attention"].applies_to(mixed) is not None
+    assert ANALYSES["layer_ablation"].applies_to(mixed) is not None  # averages seeds of one model only
+    bijection = constant_run({**HMM["model"]}, [1 / 4] * 4, base={"tunnel": {"name": "bijection", "V": 4}, "eval": {"n": 32}})
+    assert "relabeling" in str(ANALYSES["relabeling"].applies_to([bijection])) or ANALYSES["relabeling"].applies_to([bijection])
+    with pytest.raises(ConfigError, match="does not apply"):
+        analyze_runs([bijection], tmp_path, only=["relabeling"])
+
+
+def test_analyze_runs_writes_json_markdown_and_figures(tmp_path):
+    runs = [constant_run(HMM["model"], SKEWED), constant_run(MLP, UNIFORM), constant_run(LATE, UNIFORM)]
+    written = analyze_runs(runs, tmp_path)
+    assert set(written) == {"model_comparison", "late_attention"}
+    assert (tmp_path / "model_comparison.md").read_text().startswith("| model |")
+    for name in written:
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000  # a drawn figure, not an empty canvas
+    # Re-running with skip_existing reuses the JSON: nothing is recomputed.
+    before = (tmp_path / "late_attention.json").stat().st_mtime_ns
+    analyze_runs(runs, tmp_path, skip_existing=True)
+    assert (tmp_path / "late_attention.json").stat().st_mtime_ns == before
+
+
+def test_bijection_closed_form_prior_entropy():
+    """Sanity of the oracle used above on the bijection: the uniform predictor's error at
+    step k is |log2 V − log2(V − k + 1)|, the closed form of the posterior's entropy."""
+    run = constant_run({**HMM["model"]}, [1 / 5] * 5, base={"tunnel": {"name": "bijection", "V": 5}, "eval": {"n": 32}})
+    horizons = ANALYSES["length_generalization"].compute([run])["horizons"]
+    curve = horizons[str(run.config.tunnel.horizon)]["curves"]["abs_error_bits"]
+    # float32 logits of log(1/5): the predicted entropy is log2 5 to ~1e-7.
+    np.testing.assert_allclose(curve, [math.log2(5) - math.log2(5 - k + 1) for k in range(1, len(curve) + 1)], atol=1e-6)
