@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench install clean
+.PHONY: run tiny test bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,14 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# The main job. Until the reproduction pipeline lands this shows both wind tunnels.
+# The main job: the CPU-scale reproduction of the paper into reproduction/, report in
+# reproduction/report/index.html. Run it again after an interruption: it resumes.
 run: install
-	$(BIN)/windtunnel sample bijection --n 2 --seed 0 --format table
-	$(BIN)/windtunnel sample hmm --n 1 --seed 0 --format table
+	$(BIN)/windtunnel reproduce --scale cpu --out reproduction --resume
+
+# A two-minute first look at the whole pipeline (numbers mean nothing at this scale).
+tiny: install
+	$(BIN)/windtunnel reproduce --scale tiny --out reproduction-tiny --resume
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -18,7 +18,8 @@ PAPER = sorted((CONFIGS / "paper").glob("*.toml"))
 
 def test_paper_presets_follow_the_paper_protocol():
     assert {p.stem for p in PAPER} == {
-        "bijection_transformer", "bijection_mlp", "hmm_transformer", "hmm_mlp", "hmm_late_attention_off"
+        "bijection_transformer", "bijection_mlp", "bijection_replacement_transformer",
+        "hmm_transformer", "hmm_mlp", "hmm_late_attention_off",
     }
     for path in PAPER:
         config = load_run_config(path)
@@ -30,6 +31,8 @@ def test_paper_presets_follow_the_paper_protocol():
             assert config.tunnel == HMMTunnel(S=5, M=5, K=20)
             assert (t.lr, t.schedule, t.warmup_steps) == (3e-4, "cosine", 1000)
             assert config.horizons == (20, 30, 50) and config.max_len == 100
+    replacement = load_run_config(CONFIGS / "paper" / "bijection_replacement_transformer.toml")
+    assert replacement.tunnel == BijectionTunnel(V=20, L=30, with_replacement=True)
     late = load_run_config(CONFIGS / "paper" / "hmm_late_attention_off.toml").model
     assert late == TransformerConfig(n_layers=9, n_heads=8, d_model=256, d_mlp=1024, no_attention_layers=(7, 8))
 
@@ -98,8 +101,12 @@ def test_protocol_is_identical_across_architectures_within_a_task(scale):
     """SPEC §5: within a task every model sees the same tunnel, training and evaluation."""
     folder = CONFIGS / scale
     assert {p.stem for p in folder.glob("*.toml")} == {
-        "bijection_transformer", "bijection_mlp", "hmm_transformer", "hmm_mlp", "hmm_late_attention_off"
+        "bijection_transformer", "bijection_mlp", "bijection_replacement_transformer",
+        "hmm_transformer", "hmm_mlp", "hmm_late_attention_off",
     }
+    replacement = load_run_config(folder / "bijection_replacement_transformer.toml")
+    reference = load_run_config(folder / "bijection_transformer.toml")
+    assert (replacement.model, replacement.train) == (reference.model, reference.train)  # only the tunnel differs
     for task, variants in (("bijection", ["mlp"]), ("hmm", ["mlp", "late_attention_off"])):
         reference = load_run_config(folder / f"{task}_transformer.toml")
         for variant in variants:

@@ -22,6 +22,7 @@ from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
+from windtunnel.reproduce import reproduce
 from windtunnel.run_config import load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import CheckpointError
@@ -99,6 +100,18 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--step", type=int, help="evaluate this snapshot instead of the final weights")
     evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
     evaluate.set_defaults(run=_cmd_eval)
+
+    reproduce = commands.add_parser(
+        "reproduce",
+        help="train every run the paper needs, run every analysis, write the HTML report",
+        description="Reproduce the paper at --scale tiny (~2 min, a smoke test), cpu (~45 min on 2 cores) or paper "
+        "(the paper's protocol; expects a GPU). Writes DIR/report/index.html. Interrupted? Run it again with --resume.",
+    )
+    reproduce.add_argument("--scale", default="cpu", help="tiny, cpu (default) or paper")
+    reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
+    reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")
+    reproduce.add_argument("--jobs", type=_positive_int, help="runs trained side by side (default: 2 on CPU scales, 1 for paper)")
+    reproduce.set_defaults(run=_cmd_reproduce)
 
     sweep = commands.add_parser(
         "sweep",
@@ -179,6 +192,11 @@ def _cmd_train(args: argparse.Namespace) -> None:
 def _cmd_eval(args: argparse.Namespace) -> None:
     result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
     print(format_table(result))
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> None:
+    index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs)
+    print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -163,6 +164,7 @@ def run_jobs(
                     raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
                 if code != 0:
                     tail = job.log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+                    _stop(running)
                     raise JobFailed(f"training {job.name} failed (exit {code}): {tail[0]} (log: {job.log})")
                 done += 1
                 say(f"[train] {done}/{total} done: {job.name}")
@@ -174,6 +176,14 @@ def run_jobs(
         for _, process, _ in running.values():
             process.wait()  # each worker got the same SIGINT: let it save and exit
         raise TrainingInterrupted("interrupted; run the same command again to resume") from None
+
+
+def _stop(running: dict[str, tuple[TrainJob, subprocess.Popen, float]]) -> None:
+    """Ask the other workers to stop as Ctrl-C would (save at the step boundary), and wait."""
+    for _, process, _ in running.values():
+        process.send_signal(signal.SIGINT)
+    for _, process, _ in running.values():
+        process.wait()
 
 
 def _status(running: dict[str, tuple[TrainJob, subprocess.Popen, float]], pending: Sequence[TrainJob], parallel: int) -> str:

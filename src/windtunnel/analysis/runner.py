@@ -21,16 +21,20 @@ from windtunnel.training.checkpoint import atomic_write_text
 __all__ = ["analyze", "analyze_runs"]
 
 
-def analyze_runs(runs: Sequence[Run], folder: Path, *, only: Sequence[str] = (), skip_existing: bool = False) -> dict[str, Path]:
+def analyze_runs(
+    runs: Sequence[Run], folder: Path, *, only: Sequence[str] = (), skip_existing: bool = False, applicable: bool = False
+) -> dict[str, Path]:
     """Run the analyses ``only`` names (default: all that apply) on loaded runs.
 
     Writes ``folder/<name>.json`` and ``folder/<name>.png``; with ``skip_existing`` an
-    analysis whose JSON is already there is not recomputed. Returns ``{name: json path}``.
+    analysis whose JSON is already there is not recomputed. An analysis named in ``only``
+    that does not apply to the runs is an error, unless ``applicable`` (then it is
+    skipped). Returns ``{name: json path}``.
     """
     unknown = [name for name in only if name not in ANALYSES]
     if unknown:
         raise ConfigError(f"unknown analysis {unknown[0]!r}; choose from: {', '.join(ANALYSES)}")
-    for name in only:
+    for name in () if applicable else only:
         reason = ANALYSES[name].applies_to(runs)
         if reason:
             raise ConfigError(f"analysis {name!r} does not apply to these runs: {reason}")

@@ -1,0 +1,183 @@
+"""Assemble a reproduction's report from its saved analyses (never from models).
+
+Reads ``DIR/analysis/<group>/<name>.json`` and the PNGs beside them, and writes
+``DIR/report/index.html`` and ``DIR/report/report.md``: the claim table, Table 1, each
+figure of the paper (SPEC §6) that the reproduction made, the runs, and what the scale
+cut relative to the paper.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from windtunnel.report.claims import evaluate_claims
+from windtunnel.report.html import Figure, Report, Section, Table, verdict, write_report
+
+if TYPE_CHECKING:
+    from windtunnel.jobs import TrainJob
+    from windtunnel.reproduce import Scale
+
+__all__ = ["FIGURE_PLAN", "build_report", "load_results"]
+
+#: The paper's figures in order: (section title, text, [(group, analysis, caption)]).
+FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("Fig 1: bijection calibration",
+     "Mean model entropy against the exact posterior's, H_Bayes(k) = log2(V − k + 1), by position.",
+     (("bijection_transformer", "calibration", "Bijection transformer: mean and single-sequence entropy against Bayes."),)),
+    ("Fig 2: bijection with replacement, per sequence",
+     "With repeated inputs the exact entropy stays flat when an input is seen again: each trace is a staircase.",
+     (("bijection_replacement", "calibration", "Eight single sequences, with replacement: model against the exact staircase."),)),
+    ("Fig 3: layer ablation",
+     "Each layer removed whole (attention and feed-forward; the residual passes through), error relative to the "
+     "intact model, averaged over seeds.",
+     (("bijection_transformer", "layer_ablation", "Bijection."), ("hmm_transformer", "layer_ablation", "HMM."))),
+    ("Fig 4: head ablation",
+     "Each attention head zeroed in turn: ratio of mae_bits to the intact model.",
+     (("bijection_transformer", "head_ablation", "Bijection."), ("hmm_transformer", "head_ablation", "HMM."))),
+    ("Fig 5 and 7: HMM calibration, mean and per sequence",
+     "Mean entropy of the model's state posterior against the forward algorithm's, and eight single sequences.",
+     (("hmm_transformer", "calibration", "HMM transformer."),)),
+    ("Fig 6: length generalization",
+     "Per-position error at K = 20, 30, 50 for a model trained at K = 20 (dashed line). Positions past the training "
+     "length were never trained.",
+     (("hmm_transformer", "length_generalization", "HMM transformer."),)),
+    ("Fig 8: relabeling invariance",
+     "Per-sequence error before and after a random permutation of the hidden states.",
+     (("hmm_transformer", "relabeling", "HMM transformer."),)),
+    ("Fig 9: late attention disabled",
+     "The HMM transformer trained without attention in its top two layers, against the full model.",
+     (("hmm", "late_attention", "Per-position error at each horizon."),)),
+    ("Fig 10: the MLP control, and Table 1's curves",
+     "Per-position error of every model; the capacity-matched MLP cannot see other tokens.",
+     (("hmm", "model_comparison", "HMM."), ("bijection", "model_comparison", "Bijection."),
+      ("hmm_mlp", "calibration", "HMM MLP control: its entropy against Bayes."))),
+    ("Fig 11: seeds",
+     "Per-position error of each seed overlaid, with the MLP control for scale.",
+     (("hmm", "seeds", "HMM."), ("bijection", "seeds", "Bijection."))),
+    ("Fig 14: key orthogonality",
+     "Cosine similarity between the keys each input token produces; the hypothesis-frame head.",
+     (("bijection_transformer", "key_orthogonality", "Bijection."), ("hmm_transformer", "key_orthogonality", "HMM."))),
+    ("Fig 15: query-key sharpening across depth",
+     "Where supervised positions attend, layer by layer, and how concentrated that attention is.",
+     (("bijection_transformer", "qk_sharpening", "Bijection."), ("hmm_transformer", "qk_sharpening", "HMM."))),
+    ("Fig 16-17: value manifold",
+     "PCA of the last layer's representations at supervised positions, colored by the exact posterior entropy.",
+     (("bijection_transformer", "value_manifold", "Bijection."), ("hmm_transformer", "value_manifold", "HMM."),
+      ("hmm_mlp", "value_manifold", "HMM MLP control, for contrast."))),
+    ("Linear probes: the belief state by depth",
+     "Ridge regression from the residual stream to the exact posterior and its entropy, held-out sequences.",
+     (("bijection_transformer", "linear_probes", "Bijection."), ("hmm_transformer", "linear_probes", "HMM."),
+      ("hmm_mlp", "linear_probes", "HMM MLP control."))),
+    ("Frame-precision dissociation: training dynamics",
+     "Over the saved snapshots: attention-map change relative to the final model, value-manifold state, and error.",
+     (("bijection_transformer", "training_dynamics", "Bijection."), ("hmm_transformer", "training_dynamics", "HMM."))),
+)
+
+
+def load_results(out: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{group: {analysis: result}}`` from ``out/analysis/*/*.json``."""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted((Path(out) / "analysis").glob("*/*.json")):
+        results.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text())
+    return results
+
+
+def _claims_table(results: dict[str, dict[str, dict[str, Any]]], scale: str) -> Table:
+    rows = [
+        [claim.claim, claim.paper, ours, scale, claim.criterion, verdict(holds)]
+        for claim, ours, holds in evaluate_claims(results)
+    ]
+    return Table(
+        ["claim", "paper's number", "our number", "scale", "criterion", "holds?"],
+        rows,
+        caption=f"Claims of the paper (SPEC §7) against this reproduction; our numbers are {scale}-scale.",
+    )
+
+
+def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
+    tables = []
+    for group in ("bijection", "hmm"):
+        comparison = results.get(group, {}).get("model_comparison")
+        if not comparison:
+            continue
+        rows: list[list[Any]] = []
+        for name, model in comparison["models"].items():
+            for h in comparison["horizons"]:
+                row = model["horizons"][str(h)]
+                rows.append([name, model["n_runs"], h, row["mae_bits"]["mean"], row["mae_aggregate_bits"]["mean"], row["kl_bits"]["mean"]])
+        first = next(iter(comparison["models"].values()))
+        for h in comparison["horizons"]:
+            prior = first["horizons"][str(h)]["prior"]
+            rows.append(["context-free prior", None, h, prior["mae_bits"], prior["mae_aggregate_bits"], prior["kl_bits"]])
+        tables.append(
+            Table(
+                ["model", "seeds", "horizon", "mae_bits", "mae_aggregate_bits", "kl_bits"],
+                rows,
+                caption=f"Table 1, {group}: bits from the exact posterior, mean over seeds (2,048 held-out sequences at CPU scale).",
+            )
+        )
+    return tables
+
+
+def _runs_table(jobs: Sequence[TrainJob]) -> Table:
+    rows: list[list[Any]] = []
+    for job in jobs:
+        config = job.resolved()
+        metrics_path = job.run_dir / "metrics.jsonl"
+        wall, final = None, None
+        if metrics_path.is_file():
+            records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+            wall = round(records[-1].get("elapsed_s", 0.0) / 60, 1) if records else None
+            evals = [r["eval_mae_bits"] for r in records if "eval_mae_bits" in r]
+            final = evals[-1] if evals else None
+        rows.append([job.name, config.model_kind, config.train.steps, config.train.batch_size, wall, final])
+    return Table(
+        ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits"],
+        rows,
+        caption="Every training run (train minutes: the run's own clock, resumed runs counted from their last start).",
+    )
+
+
+def build_report(out: Path, *, scale: Scale, jobs: Sequence[TrainJob], wall_s: float) -> Path:
+    """Write ``out/report/index.html`` and ``report.md``; returns the HTML path."""
+    out = Path(out)
+    results = load_results(out)
+    sections = [Section("Claims", "Each claim of the paper, the number it reports, ours, and the criterion that decides "
+                        "whether it holds here.", tables=[_claims_table(results, scale.name)])]
+    sections.append(
+        Section(
+            "The paper's Table 1: error by model and horizon",
+            "Every model at every horizon, with the context-free prior for reference.",
+            tables=_table1(results),
+        )
+    )
+    for title, text, figures in FIGURE_PLAN:
+        made = [
+            Figure(out / "analysis" / group / f"{name}.png", f"{title.split(':')[0]} — {group}", caption)
+            for group, name, caption in figures
+            if name in results.get(group, {})
+        ]
+        if made:
+            sections.append(Section(title, text, figures=made))
+    sections.append(Section("Runs", "", tables=[_runs_table(jobs)]))
+    cuts = "\n\n".join(scale.cuts) if scale.cuts else "Nothing: this is the paper's protocol."
+    sections.append(Section(f"What the {scale.name} scale cuts relative to the paper", cuts))
+    summary = (
+        f"A reproduction of 'The Bayesian Geometry of Transformer Attention' (arXiv 2512.22471) at {scale.name} scale: "
+        f"{len(jobs)} training runs, {sum(len(v) for v in results.values())} analyses. Numbers are {scale.name}-scale "
+        "and are compared with the paper's in the claim table; 'holds?' applies the stated criterion."
+    )
+    metadata = {
+        "scale": scale.name,
+        "command": f"windtunnel reproduce --scale {scale.name} --out {out}",
+        "wall time": f"{wall_s / 60:.1f} min",
+        "expects": scale.hardware,
+        "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+    report = Report("Bayesian wind tunnels: reproduction report", summary, sections, metadata=metadata)
+    html_path, _ = write_report(report, out / "report")
+    return html_path

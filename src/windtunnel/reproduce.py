@@ -1,0 +1,283 @@
+"""``windtunnel reproduce``: every run the paper needs, every analysis, and the report.
+
+Three scales of the same plan (:data:`SCALES`):
+
+- ``tiny``: minutes-scale models trained for a few hundred steps; a first look at the whole
+  pipeline in about two minutes (and the end-to-end test). Its numbers mean nothing.
+- ``cpu`` (default): the ``configs/cpu`` presets, sized to finish within an hour on 2 CPU
+  cores; what was cut relative to the paper is listed in the report.
+- ``paper``: the ``configs/paper`` presets, the paper's protocol and seeds; expects a GPU.
+
+Layout of ``--out DIR``::
+
+    DIR/reproduce.json          the scale, and wall time spent so far
+    DIR/runs/<preset>_seed<s>/  one training run each (``windtunnel train``)
+    DIR/runs/logs/              each run's output
+    DIR/analysis/<group>/       ``<name>.json``, ``.png`` (and ``.md``) per analysis
+    DIR/report/index.html       the report (self-contained), and report.md beside it
+
+Everything already complete in DIR is reused, so ``--resume`` after an interruption
+continues where it stopped: finished runs are kept, interrupted runs resume from their
+checkpoints, finished analyses are not recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from windtunnel.config import ConfigError
+from windtunnel.jobs import TrainJob, job_state, run_jobs
+from windtunnel.training.checkpoint import atomic_write_text
+
+__all__ = ["SCALES", "AnalysisGroup", "Scale", "plan_analyses", "plan_runs", "reproduce"]
+
+#: The presets a reproduction trains (file stems under ``configs/<scale>/``).
+PRESETS = (
+    "bijection_transformer",
+    "bijection_mlp",
+    "bijection_replacement_transformer",
+    "hmm_transformer",
+    "hmm_mlp",
+    "hmm_late_attention_off",
+)
+
+STATE_FILE = "reproduce.json"
+
+_TINY_TRANSFORMER = ("model.d_model=32", "model.d_mlp=64", "model.n_heads=2")
+# Too few parameters for 18 blocks: 4 blocks, the width chosen to match the tiny transformer.
+_TINY_MLP = (
+    "model.d_model=32",
+    "model.n_blocks=4",
+    "model.matched_to.d_model=32",
+    "model.matched_to.d_mlp=64",
+    "model.matched_to.n_heads=2",
+)
+_TINY_TRAIN = (
+    "train.steps=150",
+    "train.batch_size=32",
+    "train.warmup_steps=20",
+    "train.eval_every=0",
+    "train.checkpoint_every=50",
+    "eval.n=256",
+    "eval.bootstrap=200",
+)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One size of the reproduction.
+
+    Attributes:
+        configs: the preset folder (``cpu`` or ``paper``).
+        seeds: seeds per preset (presets not named: 1).
+        overrides: ``--set`` overrides per preset (``"*"``: every preset).
+        parallel: runs trained side by side by default.
+        expected_s: measured wall seconds per run of each preset at ``parallel`` (for the ETA).
+        hardware: what the scale expects, said before anything starts.
+        cuts: what differs from the paper's protocol, listed in the report.
+    """
+
+    name: str
+    configs: str
+    seeds: Mapping[str, int]
+    overrides: Mapping[str, tuple[str, ...]]
+    parallel: int
+    expected_s: Mapping[str, float]
+    hardware: str
+    cuts: tuple[str, ...] = field(default=())
+
+    def overrides_for(self, preset: str) -> tuple[str, ...]:
+        return (*self.overrides.get("*", ()), *self.overrides.get(preset, ()))
+
+
+SCALES: dict[str, Scale] = {
+    "tiny": Scale(
+        name="tiny",
+        configs="cpu",
+        seeds={"bijection_transformer": 2},
+        overrides={
+            "*": _TINY_TRAIN,
+            "bijection_transformer": _TINY_TRANSFORMER,
+            "bijection_replacement_transformer": _TINY_TRANSFORMER,
+            "hmm_transformer": _TINY_TRANSFORMER,
+            "hmm_late_attention_off": _TINY_TRANSFORMER,
+            "bijection_mlp": _TINY_MLP,
+            "hmm_mlp": _TINY_MLP,
+        },
+        parallel=2,
+        expected_s={"bijection": 12.0, "hmm": 20.0},
+        hardware="any machine; about two minutes on 2 CPU cores",
+        cuts=(
+            "A smoke test of the pipeline, not a result: d_model 32 models trained for 150 steps of 32 "
+            "sequences, 256 held-out sequences. No number in this report should be read as a finding.",
+        ),
+    ),
+    "cpu": Scale(
+        name="cpu",
+        configs="cpu",
+        seeds={"bijection_transformer": 3},
+        overrides={"bijection_mlp": ("train.steps=1000",), "hmm_mlp": ("train.steps=2000",)},
+        parallel=2,
+        # Measured here, two single-threaded runs side by side on 2 cores.
+        expected_s={
+            "bijection_transformer": 430.0,
+            "bijection_replacement_transformer": 560.0,
+            "bijection_mlp": 130.0,
+            "hmm_transformer": 1300.0,
+            "hmm_mlp": 330.0,
+            "hmm_late_attention_off": 1050.0,
+        },
+        hardware="2 CPU cores: about 45 minutes",
+        cuts=(
+            "Models of 0.2M parameters (4 layers, 4 heads, d_model 64) instead of 2.7M-7.2M.",
+            "3,000 steps (bijection) and 10,000 steps (HMM) with warm-up and cosine decay, instead of 100k-150k.",
+            "Soft targets (the exact posterior) for the bijection too; the HMM header on a 0.05 grid instead of 0.01.",
+            "The MLP controls train 1,000 (bijection) and 2,000 (HMM) steps: they reach the context-free prior, "
+            "the best any predictor that cannot see other tokens can do, within a few hundred.",
+            "Seeds: 3 for the bijection transformer (ablations, seed overlay); 1 for every HMM model (the paper: 5).",
+        ),
+    ),
+    "paper": Scale(
+        name="paper",
+        configs="paper",
+        seeds={"bijection_transformer": 3, "hmm_transformer": 5},
+        overrides={},
+        parallel=1,
+        expected_s={"bijection": 8 * 3600.0, "hmm": 8 * 3600.0},
+        hardware="one GPU (the paper: ~8 h per run on an RTX 4090; 11 runs, about 4 days); about a day per run on 2 CPU cores",
+        cuts=(),
+    ),
+}
+
+
+def configs_folder(scale: Scale) -> Path:
+    """The preset folder shipped with the package."""
+    return Path(str(resources.files("windtunnel") / "configs" / scale.configs))
+
+
+def plan_runs(scale: Scale, out: Path) -> list[TrainJob]:
+    """The training runs of ``scale`` in ``out/runs``, longest first (for packing)."""
+    jobs = []
+    for preset in PRESETS:
+        for seed in range(scale.seeds.get(preset, 1)):
+            expected = scale.expected_s.get(preset) or scale.expected_s.get(preset.split("_")[0])
+            jobs.append(
+                TrainJob(
+                    f"{preset}_seed{seed}",
+                    configs_folder(scale) / f"{preset}.toml",
+                    out / "runs" / f"{preset}_seed{seed}",
+                    (*scale.overrides_for(preset), f"train.seed={seed}"),
+                    expected_s=expected,
+                )
+            )
+    return sorted(jobs, key=lambda job: -(job.expected_s or 0.0))
+
+
+@dataclass(frozen=True)
+class AnalysisGroup:
+    """Runs analyzed together into ``out/analysis/<name>`` (``only``: those analyses; empty: all that apply)."""
+
+    name: str
+    presets: tuple[str, ...]
+    only: tuple[str, ...] = ()
+
+
+#: What is analyzed together: seeds of one model (averaged), and models of one tunnel (compared).
+GROUPS = (
+    AnalysisGroup("bijection_transformer", ("bijection_transformer",)),
+    AnalysisGroup("bijection_replacement", ("bijection_replacement_transformer",), ("calibration",)),
+    AnalysisGroup("bijection", ("bijection_transformer", "bijection_mlp"), ("model_comparison", "seeds")),
+    AnalysisGroup("hmm_transformer", ("hmm_transformer",)),
+    AnalysisGroup("hmm_mlp", ("hmm_mlp",), ("calibration", "value_manifold", "linear_probes")),
+    AnalysisGroup("hmm", ("hmm_transformer", "hmm_mlp", "hmm_late_attention_off"), ("model_comparison", "late_attention", "seeds")),
+)
+
+
+def plan_analyses(jobs: Sequence[TrainJob]) -> list[tuple[AnalysisGroup, list[Path]]]:
+    """Each analysis group with the run directories it reads."""
+    by_preset: dict[str, list[Path]] = {}
+    for job in jobs:
+        by_preset.setdefault(job.name.rsplit("_seed", 1)[0], []).append(job.run_dir)
+    for dirs in by_preset.values():
+        dirs.sort()
+    return [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in GROUPS]
+
+
+def _read_state(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{str(out / STATE_FILE)!r} is unreadable ({error}); it is not a reproduction directory") from None
+
+
+def reproduce(
+    scale_name: str = "cpu",
+    out: Path | str = "reproduction",
+    *,
+    resume: bool = False,
+    parallel: int | None = None,
+    report: Callable[[str], None] | None = None,
+) -> Path:
+    """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
+
+    A directory that already holds a reproduction needs ``resume=True`` (and the same scale).
+    """
+    if scale_name not in SCALES:
+        raise ConfigError(f"unknown --scale {scale_name!r}; choose from: {', '.join(SCALES)}")
+    scale, out = SCALES[scale_name], Path(out)
+    say = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    state = _read_state(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"--out {str(out)!r} is not empty: continue that reproduction with --resume, or choose a new directory")
+    if state and state.get("scale") != scale.name:
+        raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = plan_runs(scale, out)
+    for job in jobs:
+        job.resolved()  # every config valid before anything starts
+    spent = float(state.get("wall_s", 0.0))
+    started = time.monotonic()
+
+    def checkpoint_state(stage: str) -> None:
+        record = {"scale": scale.name, "stage": stage, "wall_s": round(spent + time.monotonic() - started, 1)}
+        atomic_write_text(out / STATE_FILE, json.dumps(record))
+
+    checkpoint_state("train")
+    lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
+    remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
+    say(
+        f"[reproduce] scale {scale.name}: {len(jobs)} runs, {len(GROUPS)} analysis groups; expects {scale.hardware}"
+        + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
+    )
+    say("[reproduce] stage 1/3: training")
+    run_jobs(jobs, parallel=lanes, report=say)
+
+    checkpoint_state("analyze")
+    say("[reproduce] stage 2/3: analyses")
+    from windtunnel.analysis import load_runs  # heavy imports only once training is done
+    from windtunnel.analysis.runner import analyze_runs
+
+    for group, run_dirs in plan_analyses(jobs):
+        t0 = time.monotonic()
+        written = analyze_runs(load_runs(run_dirs), out / "analysis" / group.name, only=group.only, skip_existing=True, applicable=True)
+        say(f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'} ({time.monotonic() - t0:.0f} s)")
+        checkpoint_state("analyze")
+
+    say("[reproduce] stage 3/3: report")
+    from windtunnel.report.build import build_report
+
+    checkpoint_state("report")
+    index = build_report(out, scale=scale, jobs=jobs, wall_s=spent + time.monotonic() - started)
+    checkpoint_state("done")
+    say(f"[reproduce] done in {(time.monotonic() - started) / 60:.1f} min this session; report: {index}")
+    return index

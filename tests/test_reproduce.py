@@ -1,0 +1,112 @@
+"""`windtunnel reproduce --scale tiny` end to end: runs, analyses, and a report that lists
+every figure and every claim; then resumption and bad requests."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+from windtunnel.cli import main
+from windtunnel.report.build import FIGURE_PLAN
+from windtunnel.report.claims import CLAIMS
+from windtunnel.reproduce import PRESETS, SCALES, plan_runs
+
+pytestmark = pytest.mark.slow
+
+
+class _Page(HTMLParser):
+    """Headings, images and table rows of the report, read by the standard library's parser."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings: list[str] = []
+        self.images: list[str] = []
+        self.rows: list[list[str]] = []
+        self._in: str | None = None
+        self._cell = ""
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("h2", "h3", "td", "th", "figcaption"):
+            self._in, self._cell = tag, ""
+        if tag == "tr":
+            self.rows.append([])
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_endtag(self, tag):
+        if tag == self._in:
+            if tag in ("h2", "h3"):
+                self.headings.append(self._cell.strip())
+            elif tag in ("td", "th"):
+                self.rows[-1].append(self._cell.strip())
+            self._in = None
+
+    def handle_data(self, data):
+        if self._in:
+            self._cell += data
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro") / "tiny"
+    assert main(["reproduce", "--scale", "tiny", "--out", str(out)]) == 0
+    return out
+
+
+def test_every_run_and_analysis_group_is_there(tiny):
+    for job in plan_runs(SCALES["tiny"], tiny):
+        assert (job.run_dir / "resume.safetensors").is_file(), job.name
+    assert {job.name.rsplit("_seed", 1)[0] for job in plan_runs(SCALES["tiny"], tiny)} == set(PRESETS)
+    for group in ("bijection_transformer", "bijection", "hmm_transformer", "hmm"):
+        assert list((tiny / "analysis" / group).glob("*.json")), group
+    assert json.loads((tiny / "reproduce.json").read_text())["stage"] == "done"
+
+
+def test_report_lists_every_figure_and_claim(tiny):
+    page = _Page()
+    page.feed((tiny / "report" / "index.html").read_text())
+    for title, _, _ in FIGURE_PLAN:  # every figure of the paper, the seeds overlay included (2 bijection seeds)
+        assert any(title in heading for heading in page.headings), title
+    expected_figures = sum(
+        (tiny / "analysis" / group / f"{name}.png").is_file() for _, _, figures in FIGURE_PLAN for group, name, _ in figures
+    )
+    assert expected_figures >= 20 and len(page.images) == expected_figures
+    assert all(src.startswith("data:image/png;base64,") for src in page.images)
+    claim_rows = [row for row in page.rows if row and row[0] in {c.claim for c in CLAIMS}]
+    assert [row[0] for row in claim_rows] == [c.claim for c in CLAIMS]
+    # Every claim was measured (its analysis ran); at tiny scale many do not hold, which is fine.
+    assert all(row[-1] in ("yes", "no") for row in claim_rows), [row for row in claim_rows if row[-1] not in ("yes", "no")]
+    assert all(row[3] == "tiny" for row in claim_rows)
+    markdown = (tiny / "report" / "report.md").read_text()
+    unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
+    assert all(claim.claim in unescaped for claim in CLAIMS)
+    assert "figure missing" not in markdown
+
+
+def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):
+    before = {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")}
+    assert main(["reproduce", "--scale", "tiny", "--out", str(tiny), "--resume"]) == 0
+    assert "all 7 runs already done" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")} == before
+    assert main(["reproduce", "--scale", "tiny", "--out", str(tiny)]) == 2
+    assert "continue that reproduction with --resume" in capsys.readouterr().err
+    assert main(["reproduce", "--scale", "cpu", "--out", str(tiny), "--resume"]) == 2
+    assert "holds a reproduction at --scale tiny" in capsys.readouterr().err
+
+
+def test_unknown_scale_is_refused(tmp_path, capsys):
+    assert main(["reproduce", "--scale", "huge", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown --scale 'huge'; choose from: tiny, cpu, paper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", ["cpu", "paper"])
+def test_cpu_and_paper_plans_resolve(scale, tmp_path):
+    jobs = plan_runs(SCALES[scale], tmp_path)
+    configs = {job.name: job.resolved() for job in jobs}  # every preset + override is valid
+    seeds = {name: config.train.seed for name, config in configs.items()}
+    assert seeds["bijection_transformer_seed2"] == 2
+    if scale == "paper":
+        assert {name for name in configs if name.startswith("hmm_transformer")} == {f"hmm_transformer_seed{s}" for s in range(5)}
+        assert all(config.train.steps >= 100_000 for config in configs.values())
