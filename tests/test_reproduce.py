@@ -4,9 +4,13 @@ every figure and every claim; then resumption and bad requests."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
+from matplotlib import image
 
 from windtunnel.cli import main
 from windtunnel.report.build import FIGURE_PLAN
@@ -83,6 +87,25 @@ def test_report_lists_every_figure_and_claim(tiny):
     unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
     assert all(claim.claim in unescaped for claim in CLAIMS)
     assert "figure missing" not in markdown
+
+
+def test_the_report_renders_in_a_real_browser(tiny, tmp_path):
+    """Headless Chromium screenshots the tiny report's first 2400 pixels: the claim table
+    is there with its verdict cells shaded green (holds) and red (does not)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it); browser check not run")
+    shot = tmp_path / "report.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    command = [browser, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
+               "--window-size=1200,2400", f"--screenshot={shot}", (tiny / "report" / "index.html").resolve().as_uri()]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    pixels = np.round(image.imread(shot)[..., :3] * 255).astype(int)  # [H, W, 3], decoded by matplotlib
+    assert pixels.shape == (2400, 1200, 3) and pixels.std() > 20
+    for css_color in ((0xDA, 0xFB, 0xE1), (0xFF, 0xEB, 0xE9)):  # td.yes and td.no backgrounds (report/html.py)
+        assert (np.abs(pixels - css_color).sum(-1) == 0).sum() > 1000, css_color
 
 
 def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):

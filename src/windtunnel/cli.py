@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
     reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")
     reproduce.add_argument("--jobs", type=_positive_int, help="runs trained side by side (default: 2 on CPU scales, 1 for paper)")
+    reproduce.add_argument(
+        "--nproc-per-run", type=_positive_int, default=1, metavar="N", help="train each run with DDP over N processes (one per GPU)"
+    )
     reproduce.set_defaults(run=_cmd_reproduce)
 
     sweep = commands.add_parser(
@@ -195,7 +198,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
-    index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs)
+    index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run)
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
 

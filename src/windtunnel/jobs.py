@@ -88,8 +88,11 @@ def job_state(job: TrainJob) -> State:
     return "partial" if read_resume_step(job.run_dir) is not None else "new"
 
 
-def _command(job: TrainJob, state: State) -> list[str]:
+def _command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:
     base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
+    if nproc_per_run > 1:  # one DDP run over several processes (GPUs), through PyTorch's own launcher
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_run}", "-m"]
+        base = [sys.executable, *launcher, "windtunnel", "train", "--quiet"]
     if state == "partial":
         return [*base, "--resume", str(job.run_dir)]
     return [*base, str(job.config), "--out", str(job.run_dir), *(f"--set={o}" for o in job.overrides)]
@@ -119,16 +122,19 @@ def run_jobs(
     jobs: Sequence[TrainJob],
     *,
     parallel: int = 1,
+    nproc_per_run: int = 1,
     report: Callable[[str], None] | None = None,
     report_every_s: float = 30.0,
 ) -> None:
     """Train every job not yet done, ``parallel`` at a time (see the module docstring).
 
-    ``report`` receives one-line progress messages (default: printed to stderr).
+    ``nproc_per_run > 1`` launches each run under ``torch.distributed.run`` with that many
+    processes (DDP; e.g. one per GPU). ``report`` receives one-line progress messages
+    (default: printed to stderr).
     Raises JobFailed naming the job and its log if a worker fails.
     """
-    if parallel < 1:
-        raise ConfigError(f"--jobs must be at least 1, got {parallel}")
+    if parallel < 1 or nproc_per_run < 1:
+        raise ConfigError(f"--jobs and --nproc-per-run must be at least 1, got {parallel} and {nproc_per_run}")
     say = report or (lambda line: print(line, file=sys.stderr, flush=True))
     states = {job.name: job_state(job) for job in jobs}
     pending = [job for job in jobs if states[job.name] != "done"]
@@ -137,7 +143,7 @@ def run_jobs(
         say(f"[train] all {total} runs already done")
         return
     say(f"[train] {done}/{total} runs already done; {len(pending)} to go, {parallel} at a time")
-    threads = max(1, (os.cpu_count() or 1) // parallel)
+    threads = max(1, (os.cpu_count() or 1) // (parallel * nproc_per_run))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
     last_report = 0.0
@@ -150,7 +156,7 @@ def run_jobs(
                     shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
                 job.log.parent.mkdir(parents=True, exist_ok=True)
                 log = job.log.open("a")
-                process = subprocess.Popen(_command(job, state), stdout=log, stderr=subprocess.STDOUT, env=env)
+                process = subprocess.Popen(_command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env)
                 log.close()
                 running[job.name] = (job, process, time.monotonic())
                 say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")

@@ -183,7 +183,8 @@ def plan_runs(scale: Scale, out: Path) -> list[TrainJob]:
 
 @dataclass(frozen=True)
 class AnalysisGroup:
-    """Runs analyzed together into ``out/analysis/<name>`` (``only``: those analyses; empty: all that apply)."""
+    """Runs analyzed together into ``out/analysis/<name>`` (``only``: those analyses; empty:
+    every analysis of seeds of one configuration that applies)."""
 
     name: str
     presets: tuple[str, ...]
@@ -226,11 +227,14 @@ def reproduce(
     *,
     resume: bool = False,
     parallel: int | None = None,
+    nproc_per_run: int = 1,
     report: Callable[[str], None] | None = None,
 ) -> Path:
     """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
 
     A directory that already holds a reproduction needs ``resume=True`` (and the same scale).
+    ``parallel`` runs train side by side (default: the scale's); ``nproc_per_run > 1``
+    trains each run with DDP over that many processes (``torch.distributed.run``; one per GPU).
     """
     if scale_name not in SCALES:
         raise ConfigError(f"unknown --scale {scale_name!r}; choose from: {', '.join(SCALES)}")
@@ -260,16 +264,18 @@ def reproduce(
         + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
     )
     say("[reproduce] stage 1/3: training")
-    run_jobs(jobs, parallel=lanes, report=say)
+    run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
 
     checkpoint_state("analyze")
     say("[reproduce] stage 2/3: analyses")
-    from windtunnel.analysis import load_runs  # heavy imports only once training is done
+    from windtunnel.analysis import ANALYSES, load_runs  # heavy imports only once training is done
     from windtunnel.analysis.runner import analyze_runs
 
+    per_configuration = tuple(name for name, analysis in ANALYSES.items() if analysis.scope == "seeds")
     for group, run_dirs in plan_analyses(jobs):
         t0 = time.monotonic()
-        written = analyze_runs(load_runs(run_dirs), out / "analysis" / group.name, only=group.only, skip_existing=True, applicable=True)
+        only = group.only or per_configuration
+        written = analyze_runs(load_runs(run_dirs), out / "analysis" / group.name, only=only, skip_existing=True, applicable=True)
         say(f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'} ({time.monotonic() - t0:.0f} s)")
         checkpoint_state("analyze")
 
