@@ -7,9 +7,10 @@ a missing one is started. With ``parallel=J`` it keeps J processes busy, each gi
 the steps per second of one run using both cores: small matrices do not parallelize well
 inside one process). It prints which runs are going and an overall ETA.
 
-Ctrl-C reaches every worker (same process group): each saves at its next step boundary
-and exits, and :func:`run_jobs` raises :class:`~windtunnel.training.TrainingInterrupted`;
-running it again resumes every run where it stopped.
+Workers run in their own sessions, so a Ctrl-C (or SIGTERM) reaches only this process,
+which passes one SIGINT to each worker: each saves at its next step boundary and exits,
+and :func:`run_jobs` raises :class:`~windtunnel.training.TrainingInterrupted`; running it
+again resumes every run where it stopped.
 
     from windtunnel.jobs import TrainJob, run_jobs
     run_jobs([TrainJob("seed0", Path("cfg.toml"), Path("out/seed0"), ("train.seed=0",)), ...], parallel=2)
@@ -23,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,6 +149,9 @@ def run_jobs(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
     last_report = 0.0
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the workers as Ctrl-C does
+        previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -156,7 +161,9 @@ def run_jobs(
                     shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
                 job.log.parent.mkdir(parents=True, exist_ok=True)
                 log = job.log.open("a")
-                process = subprocess.Popen(_command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env)
+                process = subprocess.Popen(
+                    _command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
                 log.close()
                 running[job.name] = (job, process, time.monotonic())
                 say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
@@ -179,13 +186,15 @@ def run_jobs(
                 last_report = now
                 say(f"[train] {done}/{total} done; " + _status(running, pending, parallel))
     except KeyboardInterrupt:
-        for _, process, _ in running.values():
-            process.wait()  # each worker got the same SIGINT: let it save and exit
+        _stop(running)
         raise TrainingInterrupted("interrupted; run the same command again to resume") from None
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 def _stop(running: dict[str, tuple[TrainJob, subprocess.Popen, float]]) -> None:
-    """Ask the other workers to stop as Ctrl-C would (save at the step boundary), and wait."""
+    """Ask the workers to stop as Ctrl-C would (save at the step boundary), and wait."""
     for _, process, _ in running.values():
         process.send_signal(signal.SIGINT)
     for _, process, _ in running.values():

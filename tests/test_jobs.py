@@ -1,0 +1,79 @@
+"""Training jobs side by side: an interrupted sweep stops every worker cleanly and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from windtunnel.training.checkpoint import list_snapshots, read_resume_step
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+[tunnel]
+name = "bijection"
+V = 5
+[model]
+kind = "transformer"
+n_layers = 1
+n_heads = 1
+d_model = 8
+d_mlp = 16
+[train]
+steps = 3000
+batch_size = 8
+eval_every = 0
+checkpoint_every = 10
+log_every = 10
+[eval]
+n = 16
+"""
+
+
+def _sweep(config, out, *extra):
+    command = [sys.executable, "-m", "windtunnel", "sweep", str(config), "--seeds", "2", "--out", str(out), "--jobs", "2", *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, sweep, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline and sweep.poll() is None, "the workers never got there"
+        time.sleep(0.2)
+
+
+def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "sweep"
+
+    def steps():
+        return [read_resume_step(out / f"seed_{s}") if (out / f"seed_{s}" / "config.json").exists() else None for s in (0, 1)]
+
+    sweep = _sweep(config, out)
+    _wait_for(lambda: all(steps()), sweep)
+    # Only the parent gets the signal (workers run in their own sessions): it must pass it on.
+    os.kill(sweep.pid, signal.SIGINT)
+    _, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130, err
+    assert "run the same command again to resume" in err
+    stopped = steps()
+    assert all(0 < step < 3000 for step in stopped), stopped
+    time.sleep(1.0)  # a worker still alive would keep checkpointing every few milliseconds
+    assert steps() == stopped
+    for s in (0, 1):
+        assert json.loads((out / f"seed_{s}" / "config.json").read_text())["train"]["seed"] == s
+
+    # The same command continues both runs from their checkpoints.
+    rerun = _sweep(config, out)
+    _wait_for(lambda: all(now > before for now, before in zip(steps(), stopped)), rerun)
+    os.kill(rerun.pid, signal.SIGINT)
+    _, err = rerun.communicate(timeout=60)
+    assert rerun.returncode == 130 and "resuming seed_0" in err and "resuming seed_1" in err
+    assert all(list_snapshots(out / f"seed_{s}")[0] == 0 for s in (0, 1))  # the step-0 snapshot of the first start survives
