@@ -35,7 +35,7 @@ from typing import Any
 
 from windtunnel.config import ConfigError
 from windtunnel.jobs import TrainJob, job_state, run_jobs
-from windtunnel.training.checkpoint import atomic_write_text
+from windtunnel.files import atomic_write_text
 
 __all__ = ["SCALES", "AnalysisGroup", "Scale", "plan_analyses", "plan_runs", "reproduce"]
 

@@ -17,12 +17,12 @@ from torch import nn
 
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
+from windtunnel.files import atomic_write_text
 from windtunnel.models import build_model
 from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
 from windtunnel.training.checkpoint import (
     RESUME_FILE,
     CheckpointError,
-    atomic_write_text,
     list_snapshots,
     load_resume,
     load_snapshot,

@@ -16,7 +16,7 @@ from pathlib import Path
 from windtunnel.analysis import ANALYSES, Run, load_runs
 from windtunnel.config import ConfigError
 from windtunnel.report.figures import FIGURES
-from windtunnel.training.checkpoint import atomic_write_text
+from windtunnel.files import atomic_write_text
 
 __all__ = ["analyze", "analyze_runs"]
 

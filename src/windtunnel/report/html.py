@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from windtunnel.training.checkpoint import atomic_write_bytes, atomic_write_text
+from windtunnel.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "Cell",

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,13 +29,12 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from windtunnel.files import atomic_write_bytes, atomic_write_text
 from windtunnel.models import unwrap_model
 
 __all__ = [
     "CheckpointError",
     "RESUME_FILE",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "list_snapshots",
     "load_resume",
     "load_snapshot",
@@ -60,25 +57,6 @@ class CheckpointError(ValueError):
 
 # --- atomic files -------------------------------------------------------------------
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 # --- resume state -------------------------------------------------------------------

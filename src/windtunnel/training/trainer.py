@@ -33,11 +33,11 @@ from torch import nn
 
 from windtunnel import __version__
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
+from windtunnel.files import atomic_write_text
 from windtunnel.models import count_params
 from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
 from windtunnel.training.checkpoint import (
-    atomic_write_text,
     load_resume,
     save_resume,
     save_snapshot,
