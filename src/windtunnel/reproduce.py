@@ -267,7 +267,10 @@ def reproduce(
         + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
     )
     say("[reproduce] stage 1/3: training")
-    run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
+    try:
+        run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
+    finally:
+        checkpoint_state("train")  # an interrupted reproduction still counts the time it trained
 
     checkpoint_state("analyze")
     say("[reproduce] stage 2/3: analyses")
