@@ -49,7 +49,11 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="windtunnel", description=__doc__.split("\n\n")[0])
+    parser = _Parser(
+        prog="windtunnel",
+        description="Bayesian wind tunnels: sample tasks with exact posteriors, train and evaluate models on them, "
+        "analyze how they match Bayes, and reproduce the paper (windtunnel reproduce).",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sample = commands.add_parser(
