@@ -18,12 +18,8 @@ from matplotlib import image
 from windtunnel.analysis import probes  # noqa: F401  (registers linear_probes for the end-to-end test)
 from windtunnel.analysis.base import Run
 from windtunnel.analysis.stats import average_ranks, pca, spearman
-from windtunnel.analysis.geometry import (
-    attention_categories,
-    key_orthogonality,
-    qk_sharpening,
-    value_manifold,
-)
+from windtunnel.analysis.attention import attention_categories, qk_sharpening
+from windtunnel.analysis.geometry import key_orthogonality, value_manifold
 from windtunnel.analysis.runner import analyze_runs
 from windtunnel.evaluation import EvalSet
 from windtunnel.models import build_model

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from windtunnel.analysis.base import Run, eval_set_for, register, summarize
+from windtunnel.analysis.base import Run, check_same_architecture, eval_set_for, register, summarize
 from windtunnel.evaluation import METRICS as _METRICS
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 
@@ -42,14 +42,6 @@ def _ablate(models: Sequence[nn.Module], eval_set: EvalSet, interventions: Mappi
     return row
 
 
-def _check_same_shape(models: Sequence[nn.Module]) -> None:
-    if not models:
-        raise ValueError("ablation needs at least one model")
-    shapes = {(m.n_layers, tuple(sorted(m.attention_heads.items()))) for m in models}
-    if len(shapes) != 1:
-        raise ValueError("ablations average over runs of one architecture; these models differ in shape")
-
-
 def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, Any]:
     """Remove each layer whole, one at a time.
 
@@ -57,7 +49,7 @@ def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, 
         ``intact`` (metrics averaged over runs), and ``layers``: for each layer its metrics
         (mean and spread over runs) and ``mae_ratio``/``kl_ratio`` to the intact model.
     """
-    _check_same_shape(models)
+    check_same_architecture(models, "ablation")
     intact = [_scores(model, eval_set) for model in models]
     layers = []
     for layer in range(models[0].n_layers):
@@ -77,7 +69,7 @@ def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, A
         as a ``[layer][head]`` grid (None where a layer has no attention), and
         ``most_destructive``: the head whose removal raises ``mae_bits`` most.
     """
-    _check_same_shape(models)
+    check_same_architecture(models, "ablation")
     heads_by_layer = models[0].attention_heads
     if not heads_by_layer:
         raise ValueError("head ablation needs a model with attention")

@@ -27,8 +27,9 @@ from torch import nn
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.run_config import RunConfig
 from windtunnel.runs import load_run_model
+from windtunnel.tunnels import Episode
 
-__all__ = ["ANALYSES", "Analysis", "Run", "by_configuration", "eval_set_for", "load_runs", "register", "scores_at", "summarize"]
+__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "eval_set_for", "first_sequences", "head_grid", "load_runs", "register", "scores_at", "summarize"]
 
 Scope = Literal["seeds", "comparison"]
 
@@ -77,6 +78,42 @@ def load_runs(run_dirs: Sequence[Path | str], *, step: int | None = None) -> lis
         config, model, trained = load_run_model(Path(directory), step=step)
         runs.append(Run(Path(directory), config, model.eval(), trained))
     return runs
+
+
+#: Sequences the geometric diagnostics and probes read (the start of the fixed eval set):
+#: thousands of supervised positions, enough for stable means, and seconds of CPU for a
+#: small model.
+N_DIAGNOSTIC_SEQUENCES = 512
+
+
+def first_sequences(eval_set: EvalSet, n: int) -> list[Episode]:
+    """The first ``n`` sequences of ``eval_set``, as plain :class:`Episode` batches.
+
+    Batches are cut, not merged; tunnel-specific fields (the bijection's mapping, the
+    HMM's states) are dropped, since the diagnostics read only tokens and posteriors.
+    """
+    episodes, left = [], n
+    for e in eval_set.episodes:
+        if left <= 0:
+            break
+        k = min(left, e.batch_size)
+        episodes.append(Episode(e.tokens[:k], e.positions, e.targets[:k], e.posterior[:k], e.entropy_bits[:k]))
+        left -= k
+    return episodes
+
+
+def check_same_architecture(models: Sequence[nn.Module], what: str) -> None:
+    """Results of several runs are averaged per layer and head: refuse models of different shapes."""
+    if not models:
+        raise ValueError(f"{what} needs at least one model")
+    shapes = {(m.n_layers, tuple(sorted(m.attention_heads.items()))) for m in models}
+    if len(shapes) != 1:
+        raise ValueError(f"{what} averages over runs of one architecture; these models differ in shape")
+
+
+def head_grid(n_layers: int, per_layer: dict[int, torch.Tensor]) -> list[list[float] | None]:
+    """``[layer][head]`` lists of floats, None for layers without attention."""
+    return [per_layer[layer].tolist() if layer in per_layer else None for layer in range(n_layers)]
 
 
 @lru_cache(maxsize=16)

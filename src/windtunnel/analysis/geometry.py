@@ -1,15 +1,14 @@
-"""The geometry of attention (the paper's Fig 14-17): keys, query-key focus, value manifolds.
+"""The geometry of the representations (the paper's Fig 14 and 16-17): keys and value manifolds.
 
-Three diagnostics, each a library function of models and episodes plus a registered
-analysis that runs it on the first :data:`N_SEQUENCES` sequences of the fixed eval set:
+Two diagnostics, each a library function of models and episodes plus a registered
+analysis that runs it on the first :data:`~windtunnel.analysis.base.N_DIAGNOSTIC_SEQUENCES`
+sequences of the fixed eval set (where the queries attend, Fig 15, is in
+:mod:`windtunnel.analysis.attention`):
 
 - ``key_orthogonality`` (Fig 14): the keys each attention head produces for each input
   token value (bijection: the inputs ``x``; HMM: the observation symbols), averaged over
   every occurrence; their cosine matrix and its mean |off-diagonal| per head and layer.
   The paper's layer-0 "hypothesis frame" is near-orthogonal (mean |cos| < 0.1).
-- ``qk_sharpening`` (Fig 15): where each layer's queries at the supervised positions put
-  their attention (the mass on keys of each kind, e.g. on the evidence that determines
-  the posterior) and how concentrated it is (attention entropy in bits), with depth.
 - ``value_manifold`` (Fig 16-17): PCA of the final residual stream and of the last
   attention layer's values at the supervised positions; variance explained by PC1/PC2 and
   the Spearman correlation of PC1 with the exact posterior entropy (paper: PC1 > 80%,
@@ -19,7 +18,8 @@ Heads are not aligned across seeds (head 2 of one seed has no relation to head 2
 another), so results over several runs average per-layer numbers (mean and spread over
 runs) and keep per-head numbers per run.
 
-    from windtunnel.analysis.geometry import first_sequences, key_orthogonality
+    from windtunnel.analysis.base import first_sequences
+    from windtunnel.analysis.geometry import key_orthogonality
     episodes = first_sequences(eval_set, 512)
     result = key_orthogonality([model], episodes, tunnel)
     result["frame_heads"][0]   # {"layer": 0, "head": 2, "mean_abs_offdiag_cos": 0.04}
@@ -33,61 +33,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import Run, eval_set_for, register, summarize
+from windtunnel.analysis.base import (
+    N_DIAGNOSTIC_SEQUENCES,
+    Run,
+    check_same_architecture,
+    eval_set_for,
+    first_sequences,
+    head_grid,
+    register,
+    summarize,
+)
 from windtunnel.analysis.stats import pca, spearman
-from windtunnel.evaluation import EvalSet
-from windtunnel.metrics import entropy_bits
 from windtunnel.models import SequenceModel, run_with_trace
 from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
 
 __all__ = [
-    "N_SEQUENCES",
-    "attention_categories",
     "cosine_matrix",
-    "first_sequences",
     "key_orthogonality",
     "key_token_values",
     "mean_abs_offdiagonal",
-    "qk_sharpening",
     "token_keys",
     "value_manifold",
 ]
 
-#: Sequences the registered analyses read (the start of the fixed eval set): thousands of
-#: supervised positions, enough for stable means, and seconds of CPU for a small model.
-N_SEQUENCES = 512
-
 #: Points kept (run 0) for the value-manifold scatter plot.
 N_SCATTER = 2000
-
-
-def first_sequences(eval_set: EvalSet, n: int) -> list[Episode]:
-    """The first ``n`` sequences of ``eval_set``, as plain :class:`Episode` batches.
-
-    Batches are cut, not merged; tunnel-specific fields (the bijection's mapping, the
-    HMM's states) are dropped, since the diagnostics read only tokens and posteriors.
-    """
-    episodes, left = [], n
-    for e in eval_set.episodes:
-        if left <= 0:
-            break
-        k = min(left, e.batch_size)
-        episodes.append(Episode(e.tokens[:k], e.positions, e.targets[:k], e.posterior[:k], e.entropy_bits[:k]))
-        left -= k
-    return episodes
-
-
-def _check_same_shape(models: Sequence[SequenceModel]) -> None:
-    if not models:
-        raise ValueError("the geometric analyses need at least one model")
-    shapes = {(m.n_layers, tuple(sorted(m.attention_heads.items()))) for m in models}
-    if len(shapes) != 1:
-        raise ValueError("results are averaged over runs of one architecture; these models differ in shape")
-
-
-def _head_grid(n_layers: int, per_layer: dict[int, Tensor]) -> list[list[float] | None]:
-    """``[layer][head]`` lists of floats, None for layers without attention."""
-    return [per_layer[layer].tolist() if layer in per_layer else None for layer in range(n_layers)]
 
 
 # --- key orthogonality (Fig 14) ---------------------------------------------------------
@@ -184,7 +154,7 @@ def key_orthogonality(models: Sequence[SequenceModel], episodes: Sequence[Episod
         orthonormal keys;
         ``anchor``: the paper's claim and whether the frame layer and head meet it.
     """
-    _check_same_shape(models)
+    check_same_architecture(models, "the geometric analyses")
     token_values, labels = key_token_values(tunnel)
     n_layers = models[0].n_layers
     layers = sorted(models[0].attention_heads)
@@ -222,8 +192,8 @@ def key_orthogonality(models: Sequence[SequenceModel], episodes: Sequence[Episod
         "token_values": token_values,
         "token_labels": labels,
         "layers": per_layer,
-        "heads_mean_abs_offdiag_cos": [_head_grid(n_layers, r) for r in raw_runs],
-        "heads_mean_abs_offdiag_cos_centered": [_head_grid(n_layers, c) for c in centered_runs],
+        "heads_mean_abs_offdiag_cos": [head_grid(n_layers, r) for r in raw_runs],
+        "heads_mean_abs_offdiag_cos_centered": [head_grid(n_layers, c) for c in centered_runs],
         "frame_heads": frame_heads,
         "frame_head_mean_abs_offdiag_cos": frame_summary,
         "frame_head_cos": frame_cos.tolist(),
@@ -239,164 +209,6 @@ def key_orthogonality(models: Sequence[SequenceModel], episodes: Sequence[Episod
     }
 
 
-# --- query-key sharpening (Fig 15) -----------------------------------------------------
-
-#: What each key category holds, by tunnel (the categories partition the keys a query sees).
-CATEGORY_MEANINGS = {
-    "bijection": {
-        "evidence": "the earlier positions that fix the exact posterior: when the query's input x_q is new, every "
-        "earlier output token (the eliminated outputs: the posterior is uniform over the rest); when x_q was "
-        "shown before, the output token of that earlier pair (the answer)",
-        "matching_input": "earlier positions holding the query's own input x_q (only when inputs repeat)",
-        "other_output": "earlier output tokens that are not evidence (only when x_q repeats)",
-        "other_input": "earlier input tokens other than x_q (they say nothing about pi(x_q))",
-        "self": "the query position itself (x_q)",
-    },
-    "hmm": {
-        "header_transition": "the S*S header tokens of T",
-        "header_emission": "the S*M header tokens of E",
-        "observations": "the earlier observation tokens o_1..o_{t-1}",
-        "self": "the query position itself (o_t)",
-    },
-}
-
-
-def attention_categories(tunnel: Tunnel, episode: Episode) -> dict[str, Tensor]:
-    """The kinds of key each supervised query sees (see :data:`CATEGORY_MEANINGS`).
-
-    Args:
-        tunnel: the episode's tunnel (bijection or hmm).
-        episode: ``tokens [B, T]``, ``positions [P]``.
-
-    Returns:
-        ``{category: [B, P, T] bool}``: for query ``positions[p]`` of sequence ``b``, which
-        keys ``t`` are of that kind. The categories partition the causal keys
-        ``t <= positions[p]``: every such key is in exactly one.
-    """
-    tokens = episode.tokens  # [B, T]
-    B, T = tokens.shape
-    queries = episode.positions  # [P]
-    t = torch.arange(T)
-    earlier = (t[None, :] < queries[:, None])[None]  # [1, P, T]
-    at_query = (t[None, :] == queries[:, None])[None].expand(B, -1, -1)  # [B, P, T]
-    if isinstance(tunnel, BijectionTunnel):
-        is_input = (tokens < tunnel.V)[:, None, :]  # [B, 1, T]; outputs are tokens V..2V-1
-        query_tokens = tokens[:, queries]  # [B, P]
-        matching_input = is_input & earlier & (tokens[:, None, :] == query_tokens[..., None])  # [B, P, T]
-        repeat = matching_input.any(-1, keepdim=True)  # [B, P, 1]
-        # The output of a pair sits right after its input (x y x y ...).
-        answer = torch.zeros_like(matching_input)
-        answer[..., 1:] = matching_input[..., :-1]
-        earlier_outputs = ~is_input & earlier  # [B, P, T]
-        evidence = torch.where(repeat, answer & earlier_outputs, earlier_outputs)
-        return {
-            "evidence": evidence,
-            "matching_input": matching_input,
-            "other_output": earlier_outputs & ~evidence,
-            "other_input": is_input & earlier & ~matching_input,
-            "self": at_query,
-        }
-    if isinstance(tunnel, HMMTunnel):
-        n_transition, header = tunnel.S * tunnel.S, tunnel.header_len
-        by_position = {
-            "header_transition": t < n_transition,
-            "header_emission": (t >= n_transition) & (t < header),
-            "observations": t >= header,
-        }
-        categories = {name: (mask[None, None, :] & earlier).expand(B, -1, -1) for name, mask in by_position.items()}
-        return {**categories, "self": at_query}
-    raise ValueError(f"qk sharpening knows the bijection and hmm tunnels, not {tunnel.name!r}")
-
-
-@torch.no_grad()
-def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
-    """Per attention layer ``[H]`` masses by category and entropy, averaged over sequences and
-    the supervised positions with more than one key; plus the uniform-attention references."""
-    layers = sorted(model.attention_heads)
-    mass: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
-    entropy: dict[int, Tensor] = {layer: torch.zeros(()) for layer in layers}
-    uniform_mass: dict[str, Tensor] = {}
-    uniform_entropy = torch.zeros(())
-    n_total = 0
-    for episode in episodes:
-        categories = attention_categories(tunnel, episode)  # {name: [B, P, T]}
-        queries = episode.positions  # [P]
-        valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
-        n_keys = (queries + 1).double()[valid]  # [P']
-        _, trace = run_with_trace(model, episode.tokens, [f"blocks.{layer}.attn.pattern" for layer in layers])
-        B = episode.batch_size
-        n_total += B
-        for name, keys in categories.items():
-            share = keys[:, valid].sum(-1).double() / n_keys  # [B, P']: the mass uniform attention would give
-            uniform_mass[name] = uniform_mass.get(name, 0) + share.mean(1).sum(0)
-        uniform_entropy = uniform_entropy + B * torch.log2(n_keys).mean()
-        for layer in layers:
-            pattern = trace[f"blocks.{layer}.attn.pattern"][:, :, queries[valid]].double()  # [B, H, P', T]
-            for name, keys in categories.items():
-                on_keys = (pattern * keys[:, None, valid]).sum(-1)  # [B, H, P']
-                mass[layer][name] = mass[layer].get(name, 0) + on_keys.mean(2).sum(0)  # [H]
-            entropy[layer] = entropy[layer] + entropy_bits(pattern).mean(2).sum(0)  # [H]
-    return {
-        "mass": {layer: {name: m / n_total for name, m in per.items()} for layer, per in mass.items()},
-        "entropy_bits": {layer: e / n_total for layer, e in entropy.items()},
-        "uniform_mass": {name: (m / n_total).item() for name, m in uniform_mass.items()},
-        "uniform_entropy_bits": (uniform_entropy / n_total).item(),
-    }
-
-
-def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
-    """Where each layer's queries at the supervised positions attend, and how sharply (Fig 15).
-
-    For each attention layer and head: the attention mass a supervised query puts on each
-    category of key (:func:`attention_categories`; for the bijection, ``evidence`` is the
-    set of positions whose content fixes the exact posterior of ``pi(x_q)``), and the
-    entropy of its attention distribution in bits. Both are averaged over sequences and
-    over the supervised positions that see more than one key (the bijection's first
-    input sees only itself). ``uniform_*`` is what attention spread evenly over the causal
-    keys would give; ``lift`` is mass over that. Sharpening with depth shows as rising
-    evidence mass (lift > 1) and falling entropy.
-
-    Returns:
-        ``runs``; ``tunnel``; ``categories`` and ``category_meanings``;
-        ``uniform_mass`` ``{category: float}`` and ``uniform_entropy_bits``;
-        ``layers``: per attention layer ``mass`` ``{category: {mean, std}}`` (mean over
-        heads; mean and std over runs), ``lift`` ``{category: float}``, ``entropy_bits``
-        ``{mean, std}``, and ``heads`` (run 0): ``mass`` ``{category: [H]}`` and
-        ``entropy_bits`` ``[H]``.
-    """
-    _check_same_shape(models)
-    layers = sorted(models[0].attention_heads)
-    if not layers:
-        raise ValueError("qk sharpening needs a model with attention")
-    stats = [_attention_stats(model, episodes, tunnel) for model in models]
-    categories = list(stats[0]["uniform_mass"])
-    uniform = stats[0]["uniform_mass"]
-    rows = []
-    for layer in layers:
-        mass = {name: summarize([s["mass"][layer][name].mean().item() for s in stats]) for name in categories}
-        rows.append(
-            {
-                "layer": layer,
-                "mass": mass,
-                "lift": {
-                    name: mass[name]["mean"] / uniform[name] if uniform[name] > 0 else None for name in categories
-                },
-                "entropy_bits": summarize([s["entropy_bits"][layer].mean().item() for s in stats]),
-                "heads": {
-                    "mass": {name: stats[0]["mass"][layer][name].tolist() for name in categories},
-                    "entropy_bits": stats[0]["entropy_bits"][layer].tolist(),
-                },
-            }
-        )
-    return {
-        "runs": len(models),
-        "tunnel": tunnel.name,
-        "categories": categories,
-        "category_meanings": CATEGORY_MEANINGS[tunnel.name],
-        "uniform_mass": uniform,
-        "uniform_entropy_bits": stats[0]["uniform_entropy_bits"],
-        "layers": rows,
-    }
 
 
 # --- value manifold (Fig 16-17) --------------------------------------------------------
@@ -460,7 +272,7 @@ def value_manifold(
         the subset of run 0's points. ``anchor``: the paper's claim against
         ``resid_post``.
     """
-    _check_same_shape(models)
+    check_same_architecture(models, "the geometric analyses")
     entropy = torch.cat([e.entropy_bits.flatten() for e in episodes])  # [N]
     N = len(entropy)
     keep = torch.randperm(N, generator=torch.Generator().manual_seed(seed))[:n_scatter]
@@ -517,25 +329,17 @@ def value_manifold(
 # --- registered analyses ----------------------------------------------------------------
 
 
-def _inputs(runs: Sequence[Run]) -> tuple[list[SequenceModel], list[Episode], Tunnel]:
-    config = runs[0].config
-    return [r.model for r in runs], first_sequences(eval_set_for(config), N_SEQUENCES), config.tunnel
+def _episodes(runs: Sequence[Run]) -> list[Episode]:
+    return first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES)
 
 
 @register("key_orthogonality", needs_attention=True)
 def key_orthogonality_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 14: cosines between the keys of the input token values, per head; the layer-0 frame head."""
-    return key_orthogonality(*_inputs(runs))
-
-
-@register("qk_sharpening", needs_attention=True)
-def qk_sharpening_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
-    """Fig 15: attention mass on the evidence and attention entropy at the supervised positions, by layer."""
-    return qk_sharpening(*_inputs(runs))
+    return key_orthogonality([r.model for r in runs], _episodes(runs), runs[0].config.tunnel)
 
 
 @register("value_manifold")
 def value_manifold_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 16-17: PCA of final residuals and last-layer values; PC1 against the exact entropy."""
-    models, episodes, _ = _inputs(runs)
-    return value_manifold(models, episodes)
+    return value_manifold([r.model for r in runs], _episodes(runs))

@@ -1,0 +1,205 @@
+"""Where the queries attend, layer by layer (the paper's Fig 15: query-key sharpening).
+
+``qk_sharpening`` splits the keys each supervised query can see into kinds (for the
+bijection: the evidence that fixes the exact posterior, the query's own input, other
+inputs and outputs; for the HMM: the header's T and E, and the observations), and
+reports per layer (mean over heads, and per head) the attention mass on each kind and
+the attention entropy in bits, against what uniform attention would give. Run as a
+registered analysis on the first
+:data:`~windtunnel.analysis.base.N_DIAGNOSTIC_SEQUENCES` sequences of the fixed eval set.
+
+    from windtunnel.analysis.attention import qk_sharpening
+    result = qk_sharpening([model], episodes, tunnel)
+    [row["mass"]["evidence"]["mean"] for row in result["layers"]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from windtunnel.analysis.base import (
+    N_DIAGNOSTIC_SEQUENCES,
+    Run,
+    check_same_architecture,
+    eval_set_for,
+    first_sequences,
+    register,
+    summarize,
+)
+from windtunnel.metrics import entropy_bits
+from windtunnel.models import SequenceModel, run_with_trace
+from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
+
+__all__ = ["CATEGORY_MEANINGS", "attention_categories", "qk_sharpening"]
+
+
+# --- query-key sharpening (Fig 15) -----------------------------------------------------
+
+#: What each key category holds, by tunnel (the categories partition the keys a query sees).
+CATEGORY_MEANINGS = {
+    "bijection": {
+        "evidence": "the earlier positions that fix the exact posterior: when the query's input x_q is new, every "
+        "earlier output token (the eliminated outputs: the posterior is uniform over the rest); when x_q was "
+        "shown before, the output token of that earlier pair (the answer)",
+        "matching_input": "earlier positions holding the query's own input x_q (only when inputs repeat)",
+        "other_output": "earlier output tokens that are not evidence (only when x_q repeats)",
+        "other_input": "earlier input tokens other than x_q (they say nothing about pi(x_q))",
+        "self": "the query position itself (x_q)",
+    },
+    "hmm": {
+        "header_transition": "the S*S header tokens of T",
+        "header_emission": "the S*M header tokens of E",
+        "observations": "the earlier observation tokens o_1..o_{t-1}",
+        "self": "the query position itself (o_t)",
+    },
+}
+
+
+def attention_categories(tunnel: Tunnel, episode: Episode) -> dict[str, Tensor]:
+    """The kinds of key each supervised query sees (see :data:`CATEGORY_MEANINGS`).
+
+    Args:
+        tunnel: the episode's tunnel (bijection or hmm).
+        episode: ``tokens [B, T]``, ``positions [P]``.
+
+    Returns:
+        ``{category: [B, P, T] bool}``: for query ``positions[p]`` of sequence ``b``, which
+        keys ``t`` are of that kind. The categories partition the causal keys
+        ``t <= positions[p]``: every such key is in exactly one.
+    """
+    tokens = episode.tokens  # [B, T]
+    B, T = tokens.shape
+    queries = episode.positions  # [P]
+    t = torch.arange(T)
+    earlier = (t[None, :] < queries[:, None])[None]  # [1, P, T]
+    at_query = (t[None, :] == queries[:, None])[None].expand(B, -1, -1)  # [B, P, T]
+    if isinstance(tunnel, BijectionTunnel):
+        is_input = (tokens < tunnel.V)[:, None, :]  # [B, 1, T]; outputs are tokens V..2V-1
+        query_tokens = tokens[:, queries]  # [B, P]
+        matching_input = is_input & earlier & (tokens[:, None, :] == query_tokens[..., None])  # [B, P, T]
+        repeat = matching_input.any(-1, keepdim=True)  # [B, P, 1]
+        # The output of a pair sits right after its input (x y x y ...).
+        answer = torch.zeros_like(matching_input)
+        answer[..., 1:] = matching_input[..., :-1]
+        earlier_outputs = ~is_input & earlier  # [B, P, T]
+        evidence = torch.where(repeat, answer & earlier_outputs, earlier_outputs)
+        return {
+            "evidence": evidence,
+            "matching_input": matching_input,
+            "other_output": earlier_outputs & ~evidence,
+            "other_input": is_input & earlier & ~matching_input,
+            "self": at_query,
+        }
+    if isinstance(tunnel, HMMTunnel):
+        n_transition, header = tunnel.S * tunnel.S, tunnel.header_len
+        by_position = {
+            "header_transition": t < n_transition,
+            "header_emission": (t >= n_transition) & (t < header),
+            "observations": t >= header,
+        }
+        categories = {name: (mask[None, None, :] & earlier).expand(B, -1, -1) for name, mask in by_position.items()}
+        return {**categories, "self": at_query}
+    raise ValueError(f"qk sharpening knows the bijection and hmm tunnels, not {tunnel.name!r}")
+
+
+@torch.no_grad()
+def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
+    """Per attention layer ``[H]`` masses by category and entropy, averaged over sequences and
+    the supervised positions with more than one key; plus the uniform-attention references."""
+    layers = sorted(model.attention_heads)
+    mass: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
+    entropy: dict[int, Tensor] = {layer: torch.zeros(()) for layer in layers}
+    uniform_mass: dict[str, Tensor] = {}
+    uniform_entropy = torch.zeros(())
+    n_total = 0
+    for episode in episodes:
+        categories = attention_categories(tunnel, episode)  # {name: [B, P, T]}
+        queries = episode.positions  # [P]
+        valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
+        n_keys = (queries + 1).double()[valid]  # [P']
+        _, trace = run_with_trace(model, episode.tokens, [f"blocks.{layer}.attn.pattern" for layer in layers])
+        B = episode.batch_size
+        n_total += B
+        for name, keys in categories.items():
+            share = keys[:, valid].sum(-1).double() / n_keys  # [B, P']: the mass uniform attention would give
+            uniform_mass[name] = uniform_mass.get(name, 0) + share.mean(1).sum(0)
+        uniform_entropy = uniform_entropy + B * torch.log2(n_keys).mean()
+        for layer in layers:
+            pattern = trace[f"blocks.{layer}.attn.pattern"][:, :, queries[valid]].double()  # [B, H, P', T]
+            for name, keys in categories.items():
+                on_keys = (pattern * keys[:, None, valid]).sum(-1)  # [B, H, P']
+                mass[layer][name] = mass[layer].get(name, 0) + on_keys.mean(2).sum(0)  # [H]
+            entropy[layer] = entropy[layer] + entropy_bits(pattern).mean(2).sum(0)  # [H]
+    return {
+        "mass": {layer: {name: m / n_total for name, m in per.items()} for layer, per in mass.items()},
+        "entropy_bits": {layer: e / n_total for layer, e in entropy.items()},
+        "uniform_mass": {name: (m / n_total).item() for name, m in uniform_mass.items()},
+        "uniform_entropy_bits": (uniform_entropy / n_total).item(),
+    }
+
+
+def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
+    """Where each layer's queries at the supervised positions attend, and how sharply (Fig 15).
+
+    For each attention layer and head: the attention mass a supervised query puts on each
+    category of key (:func:`attention_categories`; for the bijection, ``evidence`` is the
+    set of positions whose content fixes the exact posterior of ``pi(x_q)``), and the
+    entropy of its attention distribution in bits. Both are averaged over sequences and
+    over the supervised positions that see more than one key (the bijection's first
+    input sees only itself). ``uniform_*`` is what attention spread evenly over the causal
+    keys would give; ``lift`` is mass over that. Sharpening with depth shows as rising
+    evidence mass (lift > 1) and falling entropy.
+
+    Returns:
+        ``runs``; ``tunnel``; ``categories`` and ``category_meanings``;
+        ``uniform_mass`` ``{category: float}`` and ``uniform_entropy_bits``;
+        ``layers``: per attention layer ``mass`` ``{category: {mean, std}}`` (mean over
+        heads; mean and std over runs), ``lift`` ``{category: float}``, ``entropy_bits``
+        ``{mean, std}``, and ``heads`` (run 0): ``mass`` ``{category: [H]}`` and
+        ``entropy_bits`` ``[H]``.
+    """
+    check_same_architecture(models, "the geometric analyses")
+    layers = sorted(models[0].attention_heads)
+    if not layers:
+        raise ValueError("qk sharpening needs a model with attention")
+    stats = [_attention_stats(model, episodes, tunnel) for model in models]
+    categories = list(stats[0]["uniform_mass"])
+    uniform = stats[0]["uniform_mass"]
+    rows = []
+    for layer in layers:
+        mass = {name: summarize([s["mass"][layer][name].mean().item() for s in stats]) for name in categories}
+        rows.append(
+            {
+                "layer": layer,
+                "mass": mass,
+                "lift": {
+                    name: mass[name]["mean"] / uniform[name] if uniform[name] > 0 else None for name in categories
+                },
+                "entropy_bits": summarize([s["entropy_bits"][layer].mean().item() for s in stats]),
+                "heads": {
+                    "mass": {name: stats[0]["mass"][layer][name].tolist() for name in categories},
+                    "entropy_bits": stats[0]["entropy_bits"][layer].tolist(),
+                },
+            }
+        )
+    return {
+        "runs": len(models),
+        "tunnel": tunnel.name,
+        "categories": categories,
+        "category_meanings": CATEGORY_MEANINGS[tunnel.name],
+        "uniform_mass": uniform,
+        "uniform_entropy_bits": stats[0]["uniform_entropy_bits"],
+        "layers": rows,
+    }
+
+
+@register("qk_sharpening", needs_attention=True)
+def qk_sharpening_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
+    """Fig 15: attention mass on the evidence and attention entropy at the supervised positions, by layer."""
+    return qk_sharpening(
+        [r.model for r in runs], first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES), runs[0].config.tunnel
+    )

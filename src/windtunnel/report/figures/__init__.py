@@ -1,0 +1,47 @@
+"""Figures drawn from saved analysis results (JSON), never from models.
+
+Each ``plot_<analysis>(result, path)`` takes the dict an analysis returned (as read back
+from its ``<name>.json``) and writes a PNG; ``@figure(name)`` registers it in
+:data:`FIGURES`. The plots live beside their analyses' concepts: ``ablation``,
+``generalization``, ``calibration``, ``dynamics``, ``geometry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["FIGURES", "figure", "save"]
+
+#: Figure function for each analysis name: ``plot(result, path)`` writes a PNG.
+FIGURES: dict[str, Callable[[dict[str, Any], Path], None]] = {}
+
+
+def figure(name: str) -> Callable:
+    """Decorator: register ``plot(result, path)`` as the figure of analysis ``name``."""
+
+    def decorate(plot: Callable[[dict[str, Any], Path], None]) -> Callable:
+        FIGURES[name] = plot
+        return plot
+
+    return decorate
+
+
+def save(fig: plt.Figure, path: Path, *, tight: bool = True, **savefig_options: Any) -> None:
+    """Write ``fig`` as a PNG and free it. ``tight=False`` for figures that lay themselves
+    out (``layout="constrained"``, nested grids), which ``tight_layout`` would undo;
+    ``savefig_options`` go to ``savefig``."""
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, **savefig_options)
+    plt.close(fig)
+
+
+# Importing the plotting modules registers their figures.
+from windtunnel.report.figures import ablation, calibration, dynamics, generalization, geometry  # noqa: E402, F401  isort: skip

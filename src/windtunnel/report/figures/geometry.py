@@ -1,0 +1,208 @@
+"""Fig 14-17 and probes: key orthogonality, QK sharpening, value manifold, linear probes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import matplotlib.pyplot as plt
+import numpy as np
+
+from windtunnel.report.figures import figure, save
+
+
+def _head_grid(rows: list[list[float] | None], n_heads: int) -> np.ndarray:
+    """``[layer][head]`` lists (None for layers without attention) -> a float array with NaN gaps."""
+    return np.array([[np.nan] * n_heads if row is None else row for row in rows], dtype=float)
+
+
+def _annotated_head_heat(ax: plt.Axes, grid: np.ndarray, title: str) -> matplotlib.image.AxesImage:
+    image = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    for (layer, head), value in np.ndenumerate(grid):
+        if np.isfinite(value):
+            ax.text(
+                head,
+                layer,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if value > 0.6 else "white",
+            )
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_yticks(range(grid.shape[0]))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    return image
+
+
+@figure("key_orthogonality")
+def plot_key_orthogonality(result: dict[str, Any], path: Path) -> None:
+    """Fig 14: the frame head's key cosine matrices, and mean |off-diagonal cos| per layer and head (first run)."""
+    frame = result["frame_heads"][0]
+    labels = result["token_labels"]
+    raw = result["heads_mean_abs_offdiag_cos"][0]
+    n_heads = max(len(row) for row in raw if row is not None)
+    fig, axes = plt.subplots(2, 2, figsize=(10.0, 8.6), layout="constrained")
+    matrices = [
+        ("raw keys", result["frame_head_cos"]),
+        ("keys centered over tokens", result["frame_head_cos_centered"]),
+    ]
+    for ax, (what, matrix) in zip(axes[0], matrices):
+        image = ax.imshow(np.array(matrix, dtype=float), cmap="RdBu_r", vmin=-1.0, vmax=1.0)
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.set_title(f"frame head L{frame['layer']}H{frame['head']}: cosines, {what}", fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    _annotated_head_heat(axes[1, 0], _head_grid(raw, n_heads), "mean |off-diag cos|, raw keys")
+    reference = result["centered_orthonormal_reference"]
+    heat = _annotated_head_heat(
+        axes[1, 1],
+        _head_grid(result["heads_mean_abs_offdiag_cos_centered"][0], n_heads),
+        f"centered keys (orthonormal keys give {reference:.2f})",
+    )
+    fig.colorbar(heat, ax=axes[1].tolist(), fraction=0.046)
+    anchor = result["anchor"]
+    fig.suptitle(
+        f"Key orthogonality over {len(labels)} token values, first of {result['runs']} run(s)\n"
+        f"paper: layer-0 mean |off-diag cos| < 0.1; here layer {frame['layer']} mean "
+        f"{anchor['frame_layer_mean_abs_offdiag_cos']:.2f}, frame head "
+        f"{anchor['frame_head_mean_abs_offdiag_cos']:.2f} (mean over runs)",
+        fontsize=10,
+    )
+    save(fig, path, tight=False)  # constrained layout
+
+
+@figure("qk_sharpening")
+def plot_qk_sharpening(result: dict[str, Any], path: Path) -> None:
+    """Fig 15: attention mass by kind of key and attention entropy at the supervised positions, by layer."""
+    rows = result["layers"]
+    layers = [row["layer"] for row in rows]
+    fig, (mass_ax, entropy_ax) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    colors = plt.cm.tab10(np.arange(len(result["categories"])))
+    for name, color in zip(result["categories"], colors):
+        means = [row["mass"][name]["mean"] for row in rows]
+        if max(means) == 0 and result["uniform_mass"][name] == 0:
+            continue  # a kind of key these sequences never have (e.g. repeats without replacement)
+        spread = [row["mass"][name]["std"] for row in rows] if result["runs"] > 1 else None
+        label = f"{name} (uniform {result['uniform_mass'][name]:.2f})"
+        mass_ax.errorbar(layers, means, yerr=spread, color=color, marker="o", lw=1.5, capsize=3, label=label)
+        mass_ax.axhline(result["uniform_mass"][name], color=color, ls="--", lw=0.8)
+    mass_ax.set_xticks(layers)
+    mass_ax.set_xlabel("layer")
+    mass_ax.set_ylabel("attention mass at supervised queries")
+    mass_ax.set_ylim(0, 1)
+    mass_ax.set_title("mass by kind of key (dashed: uniform attention)", fontsize=9)
+    mass_ax.legend(fontsize=7)
+    for row in rows:
+        heads = row["heads"]["entropy_bits"]
+        entropy_ax.scatter([row["layer"]] * len(heads), heads, s=14, color="#999999", zorder=2)
+    spread = [row["entropy_bits"]["std"] for row in rows] if result["runs"] > 1 else None
+    entropy_ax.errorbar(
+        layers,
+        [row["entropy_bits"]["mean"] for row in rows],
+        yerr=spread,
+        color="#4c72b0",
+        marker="o",
+        lw=1.5,
+        capsize=3,
+        label="mean over heads",
+        zorder=3,
+    )
+    entropy_ax.axhline(result["uniform_entropy_bits"], color="grey", ls="--", lw=0.8, label="uniform attention")
+    entropy_ax.scatter([], [], s=14, color="#999999", label="heads (first run)")
+    entropy_ax.set_xticks(layers)
+    entropy_ax.set_ylim(bottom=0)
+    entropy_ax.set_xlabel("layer")
+    entropy_ax.set_ylabel("attention entropy (bits)")
+    entropy_ax.set_title("attention entropy at supervised queries", fontsize=9)
+    entropy_ax.legend(fontsize=7)
+    fig.suptitle(f"QK sharpening ({result['tunnel']}, {result['runs']} run(s))", fontsize=10)
+    save(fig, path)
+
+
+@figure("value_manifold")
+def plot_value_manifold(result: dict[str, Any], path: Path) -> None:
+    """Fig 16-17: PC1 vs PC2 of each representation at the supervised positions, colored by exact entropy."""
+    spaces = result["spaces"]
+    fig, axes = plt.subplots(
+        1, len(spaces), figsize=(max(4.2 * len(spaces) + 1.2, 6.4), 4.6), squeeze=False, layout="constrained"
+    )
+    entropy_range = [
+        min(min(s["scatter"]["entropy_bits"]) for s in spaces.values()),
+        max(max(s["scatter"]["entropy_bits"]) for s in spaces.values()),
+    ]
+    for ax, (name, space) in zip(axes[0], spaces.items()):
+        scatter = space["scatter"]
+        points = ax.scatter(
+            scatter["pc1"],
+            scatter["pc2"],
+            c=scatter["entropy_bits"],
+            cmap="viridis",
+            s=4,
+            alpha=0.7,
+            vmin=entropy_range[0],
+            vmax=entropy_range[1],
+            rasterized=True,
+        )
+        ax.set_xlabel(f"PC1 ({space['pc1_variance']['mean']:.0%} of variance)")
+        ax.set_ylabel(f"PC2 ({space['pc2_variance']['mean']:.0%})")
+        ax.set_title(
+            f"{name} ({space['activation']})\nSpearman(PC1, H) = {space['spearman_pc1_entropy']['mean']:.2f}",
+            fontsize=9,
+        )
+    fig.colorbar(points, ax=axes[0].tolist(), label="exact posterior entropy (bits)")
+    fig.suptitle(
+        f"Value manifold, {result['runs']} run(s): {len(scatter['pc1'])} of {result['n_points']} points "
+        "of the first run\npaper: PC1 > 80% of the variance, tracking the posterior entropy",
+        fontsize=10,
+    )
+    save(fig, path, tight=False)  # constrained layout
+
+
+@figure("linear_probes")
+def plot_linear_probes(result: dict[str, Any], path: Path) -> None:
+    """Linear probes: held-out R² and KL of ridge probes of the exact posterior and its entropy, by depth."""
+    rows = result["layers"]
+    x = np.arange(len(rows))
+    labels = [{"input": "in", "ln_final": "LN"}.get(row["name"], str(row["layer"])) for row in rows]
+    fig, (r2_ax, kl_ax) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+
+    def line(ax: plt.Axes, key: str, label: str, color: str) -> None:
+        spread = [row[key]["std"] for row in rows] if result["runs"] > 1 else None
+        ax.errorbar(
+            x,
+            [row[key]["mean"] for row in rows],
+            yerr=spread,
+            marker="o",
+            ms=4,
+            lw=1.5,
+            capsize=3,
+            color=color,
+            label=label,
+        )
+
+    line(r2_ax, "posterior_r2", "posterior (probabilities)", "#4c72b0")
+    line(r2_ax, "log_posterior_r2", "posterior (centered log)", "#55a868")
+    line(r2_ax, "entropy_r2", "entropy (bits)", "#c44e52")
+    r2_ax.set_ylim(-0.05, 1.05)
+    r2_ax.set_ylabel("held-out R²")
+    r2_ax.set_title(f"R² ({result['n_test_sequences']} held-out sequences)", fontsize=9)
+    line(kl_ax, "posterior_kl_bits", "probability probe (clipped)", "#4c72b0")
+    line(kl_ax, "log_posterior_kl_bits", "log probe (softmax)", "#55a868")
+    kl_ax.axhline(result["baseline"]["posterior_kl_bits"], color="grey", ls="--", lw=0.8, label="constant predictor")
+    kl_ax.axhline(result["model_kl_bits"]["mean"], color="black", ls=":", lw=1.0, label="the model itself")
+    kl_values = [row[key]["mean"] for row in rows for key in ("posterior_kl_bits", "log_posterior_kl_bits")]
+    kl_values += [result["model_kl_bits"]["mean"], result["baseline"]["posterior_kl_bits"]]
+    if min(kl_values) > 0 and max(kl_values) > 10 * min(kl_values):  # a log axis only when it spans a decade
+        kl_ax.set_yscale("log")
+    kl_ax.set_ylabel("KL(posterior || probe) (bits)")
+    kl_ax.set_title("KL of the probe's distribution", fontsize=9)
+    for ax in (r2_ax, kl_ax):
+        ax.set_xticks(x, labels, fontsize=7 if len(rows) > 12 else 9)
+        ax.set_xlabel("depth: embeddings (in), after block l, final LayerNorm (LN)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Linear probes of the residual stream ({result['runs']} run(s))", fontsize=10)
+    save(fig, path)
