@@ -208,13 +208,15 @@ GROUPS = (
 
 
 def plan_analyses(jobs: Sequence[TrainJob]) -> list[tuple[AnalysisGroup, list[Path]]]:
-    """Each analysis group with the run directories it reads."""
+    """Each analysis group with the run directories it reads; groups none of whose presets
+    the scale trains (see its cuts) are left out."""
     by_preset: dict[str, list[Path]] = {}
     for job in jobs:
         by_preset.setdefault(job.name.rsplit("_seed", 1)[0], []).append(job.run_dir)
     for dirs in by_preset.values():
         dirs.sort()
-    return [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in GROUPS]
+    planned = [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in GROUPS]
+    return [(group, run_dirs) for group, run_dirs in planned if run_dirs]
 
 
 def _read_state(out: Path) -> dict[str, Any]:
@@ -252,6 +254,7 @@ def reproduce(
         raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")
     out.mkdir(parents=True, exist_ok=True)
     jobs = plan_runs(scale, out)
+    groups = plan_analyses(jobs)
     for job in jobs:
         job.resolved()  # every config valid before anything starts
     spent = float(state.get("wall_s", 0.0))
@@ -265,7 +268,7 @@ def reproduce(
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
     remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
     say(
-        f"[reproduce] scale {scale.name}: {len(jobs)} runs, {len(GROUPS)} analysis groups; expects {scale.hardware}"
+        f"[reproduce] scale {scale.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
         + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
     )
     say("[reproduce] stage 1/3: training")
@@ -280,9 +283,7 @@ def reproduce(
     from windtunnel.analysis.runner import analyze_runs
 
     per_configuration = tuple(name for name, analysis in ANALYSES.items() if analysis.scope == "seeds")
-    for group, run_dirs in plan_analyses(jobs):
-        if not run_dirs:
-            continue  # a preset this scale does not train (see its cuts)
+    for group, run_dirs in groups:
         t0 = time.monotonic()
         only = group.only or per_configuration
         written = analyze_runs(load_runs(run_dirs), out / "analysis" / group.name, only=only, skip_existing=True, applicable=True)

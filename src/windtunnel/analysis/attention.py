@@ -21,15 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import (
-    N_DIAGNOSTIC_SEQUENCES,
-    Run,
-    check_same_architecture,
-    eval_set_for,
-    first_sequences,
-    register,
-    summarize,
-)
+from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, register, summarize
 from windtunnel.metrics import entropy_bits
 from windtunnel.models import SequenceModel, run_with_trace
 from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
@@ -200,6 +192,4 @@ def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], 
 @register("qk_sharpening", needs_attention=True)
 def qk_sharpening_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 15: attention mass on the evidence and attention entropy at the supervised positions, by layer."""
-    return qk_sharpening(
-        [r.model for r in runs], first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES), runs[0].config.tunnel
-    )
+    return qk_sharpening([r.model for r in runs], diagnostic_episodes(runs), runs[0].config.tunnel)

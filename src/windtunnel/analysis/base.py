@@ -29,7 +29,7 @@ from windtunnel.run_config import RunConfig
 from windtunnel.runs import load_run_model
 from windtunnel.tunnels import Episode
 
-__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "eval_set_for", "first_sequences", "head_grid", "load_runs", "register", "scores_at", "summarize"]
+__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "load_runs", "register", "scores_at", "summarize"]
 
 Scope = Literal["seeds", "comparison"]
 
@@ -100,6 +100,12 @@ def first_sequences(eval_set: EvalSet, n: int) -> list[Episode]:
         episodes.append(Episode(e.tokens[:k], e.positions, e.targets[:k], e.posterior[:k], e.entropy_bits[:k]))
         left -= k
     return episodes
+
+
+def diagnostic_episodes(runs: Sequence[Run]) -> list[Episode]:
+    """The sequences the geometric diagnostics and probes of ``runs`` read: the first
+    :data:`N_DIAGNOSTIC_SEQUENCES` of their configuration's fixed eval set."""
+    return first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES)
 
 
 def check_same_architecture(models: Sequence[nn.Module], what: str) -> None:

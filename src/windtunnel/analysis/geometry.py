@@ -34,11 +34,9 @@ import torch
 from torch import Tensor
 
 from windtunnel.analysis.base import (
-    N_DIAGNOSTIC_SEQUENCES,
     Run,
     check_same_architecture,
-    eval_set_for,
-    first_sequences,
+    diagnostic_episodes,
     head_grid,
     register,
     summarize,
@@ -329,17 +327,13 @@ def value_manifold(
 # --- registered analyses ----------------------------------------------------------------
 
 
-def _episodes(runs: Sequence[Run]) -> list[Episode]:
-    return first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES)
-
-
 @register("key_orthogonality", needs_attention=True)
 def key_orthogonality_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 14: cosines between the keys of the input token values, per head; the layer-0 frame head."""
-    return key_orthogonality([r.model for r in runs], _episodes(runs), runs[0].config.tunnel)
+    return key_orthogonality([r.model for r in runs], diagnostic_episodes(runs), runs[0].config.tunnel)
 
 
 @register("value_manifold")
 def value_manifold_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 16-17: PCA of final residuals and last-layer values; PC1 against the exact entropy."""
-    return value_manifold([r.model for r in runs], _episodes(runs))
+    return value_manifold([r.model for r in runs], diagnostic_episodes(runs))

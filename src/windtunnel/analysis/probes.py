@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import N_DIAGNOSTIC_SEQUENCES, Run, eval_set_for, first_sequences, register, summarize
+from windtunnel.analysis.base import Run, diagnostic_episodes, register, summarize
 from windtunnel.metrics import kl_bits
 from windtunnel.models import SequenceModel, run_with_trace
 from windtunnel.tunnels import Episode
@@ -322,5 +322,4 @@ def linear_probes(
 @register("linear_probes")
 def linear_probes_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Ridge probes of the exact posterior and its entropy from the residual stream at each depth."""
-    episodes = first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES)
-    return linear_probes([r.model for r in runs], episodes)
+    return linear_probes([r.model for r in runs], diagnostic_episodes(runs))
