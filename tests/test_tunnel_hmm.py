@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
+import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -13,7 +17,7 @@ from scipy import stats
 
 from windtunnel.config import ConfigError
 from windtunnel.tunnels import HMMTunnel, decode_header, forward_filter
-from windtunnel.tunnels.hmm import _sample_path, quantize_rows
+from windtunnel.tunnels.hmm import _sample_path, quantize_rows, round_rows_with_floor
 
 # The filter normalizes at every step and enumeration sums at most 3^6 products of
 # probabilities >= 0.05 grid steps apart; both stay within a few hundred ulps of 1.
@@ -34,7 +38,14 @@ def enumerate_posterior(T: np.ndarray, E: np.ndarray, pi: np.ndarray, obs: list[
 
 @pytest.mark.parametrize(
     "params",
-    [dict(S=2, M=3, K=6, grid=0.05), dict(S=3, M=2, K=6, grid=0.01), dict(S=3, M=3, K=5, initial=(0.6, 0.3, 0.1))],
+    [
+        dict(S=2, M=3, K=6, grid=0.05),
+        dict(S=3, M=2, K=6, grid=0.01),
+        dict(S=3, M=3, K=5, initial=(0.6, 0.3, 0.1)),
+        dict(S=3, M=2, K=6, grid=0.01, floor=0.05),  # the paper's generator
+        dict(S=2, M=3, K=6, grid=0.05, floor=0.07),  # not a multiple of the grid: at least 2 steps of 0.05
+        dict(S=3, M=3, K=5, grid=0.01, floor=0.035, initial=(0.6, 0.3, 0.1)),  # at least 4 steps of 0.01
+    ],
 )
 def test_filter_equals_path_enumeration(params):
     tunnel = HMMTunnel(**params)
@@ -109,6 +120,175 @@ def test_quantize_rows_largest_remainder():
     lowest_up = torch.where(up == 1, remainder, torch.inf).min(-1).values
     highest_down = torch.where(up == 0, remainder, -torch.inf).max(-1).values
     assert torch.all(lowest_up >= highest_down)
+
+
+def test_round_rows_with_floor_by_hand():
+    # Rounded 10, 6, 3, 1; raised to the minimum 2: 21 units, one over; taken from the largest.
+    probs = torch.tensor([[0.50, 0.30, 0.15, 0.05]], dtype=torch.float64)
+    assert round_rows_with_floor(probs, 20, 2).tolist() == [[9, 6, 3, 2]]
+    # Rounded 97, 1, 1, 1 -> 97, 5, 5, 5 = 112: only the first entry is above the minimum, so
+    # each pass over the descending order takes its one unit from it, twelve times.
+    lopsided = torch.tensor([[0.97, 0.01, 0.01, 0.01]], dtype=torch.float64)
+    assert round_rows_with_floor(lopsided, 100, 5).tolist() == [[85, 5, 5, 5]]
+    # 2.5 rounds half to even, to 2: 8 units, two short; all tie, so the first two by position get one.
+    even = torch.full((1, 4), 0.25, dtype=torch.float64)
+    assert round_rows_with_floor(even, 10, 1).tolist() == [[3, 3, 2, 2]]
+    # 1.4, 1.4, 7.2 round to 1, 1, 7 = 9, one short: the smallest count, first by position, gets it.
+    short = torch.tensor([[0.14, 0.14, 0.72]], dtype=torch.float64)
+    assert round_rows_with_floor(short, 10, 1).tolist() == [[2, 1, 7]]
+    # levels == k * minimum: every entry is exactly the minimum.
+    assert round_rows_with_floor(probs, 20, 5).tolist() == [[5, 5, 5, 5]]
+    with pytest.raises(ValueError, match="minimum=6"):
+        round_rows_with_floor(probs, 20, 6)
+
+
+def the_authors_rounding(p: np.ndarray, levels: int, minimum: int) -> np.ndarray:
+    """The authors' rule for one row, written as they describe it: round to units, raise
+    to the minimum, then walk a fixed order (ascending to add, descending to take, fixed
+    before any fix, ties by position) one unit per visited entry, cycling, skipping
+    entries at the minimum when taking."""
+    units = np.maximum(np.rint(p * levels).astype(np.int64), minimum)
+    diff = levels - int(units.sum())
+    order = np.argsort(units, kind="stable") if diff > 0 else np.argsort(-units, kind="stable")
+    i = 0
+    while diff != 0:
+        j = order[i % len(units)]
+        if diff > 0:
+            units[j] += 1
+            diff -= 1
+        elif units[j] > minimum:
+            units[j] -= 1
+            diff += 1
+        i += 1
+    return units
+
+
+def test_round_rows_with_floor_is_the_authors_rule_on_random_rows():
+    probs = torch.distributions.Dirichlet(torch.full((6,), 0.7)).sample((3000,)).double().clamp_min(0.05)
+    probs = probs / probs.sum(-1, keepdim=True)
+    ours = round_rows_with_floor(probs, 100, 5).numpy()
+    theirs = np.stack([the_authors_rounding(row, 100, 5) for row in probs.numpy()])
+    np.testing.assert_array_equal(ours, theirs)
+    assert (ours.sum(-1) == 100).all() and ours.min() == 5
+
+
+@pytest.mark.parametrize(
+    "params, steps",
+    [
+        (dict(grid=0.01, floor=0.05), 5),  # the paper's generator
+        (dict(grid=0.05, floor=0.05), 1),
+        (dict(grid=0.01, floor=0.035), 4),  # not a multiple of the grid: rounded up
+        (dict(grid=0.05, floor=0.07), 2),
+        (dict(S=3, M=4, grid=0.05, floor=0.24), 5),  # 4 x 5 = 20: every emission entry is exactly 5
+        (dict(grid=0.05, floor=0.19), 4),  # 5 x 4 = 20: the floor leaves nothing to draw (N == k*m)
+    ],
+)
+def test_floor_bounds_every_header_entry(params, steps):
+    tunnel = HMMTunnel(K=8, **params)
+    assert tunnel.floor_steps == steps
+    N, S, M = tunnel.levels, tunnel.S, tunnel.M
+    episode = tunnel.sample(256, generator=torch.Generator().manual_seed(11))
+    counts = episode.tokens[:, : tunnel.header_len]
+    transition_counts, emission_counts = counts[:, : S * S].view(-1, S, S), counts[:, S * S :].view(-1, S, M)
+    for rows in (transition_counts, emission_counts):
+        assert torch.all(rows.sum(-1) == N)
+        # A Dirichlet(1) row of up to 5 entries has one under the floor often: 256*S rows reach it.
+        assert rows.min() == steps
+    assert episode.transition.min() >= tunnel.floor and episode.emission.min() >= tunnel.floor
+    if M * steps == N:
+        assert torch.all(emission_counts == steps)
+    transition, emission = tunnel.decode_header(episode.tokens)
+    assert torch.equal(transition, episode.transition) and torch.equal(emission, episode.emission)
+    posterior, _ = forward_filter(transition, emission, tunnel.initial_distribution(), episode.observations)
+    assert torch.equal(posterior, episode.posterior)
+
+
+def test_zero_floor_is_the_floorless_tunnel_bit_for_bit():
+    for params in (dict(), dict(S=3, M=2, K=6, concentration=0.5)):
+        a = HMMTunnel(**params).sample(64, generator=torch.Generator().manual_seed(12))
+        b = HMMTunnel(**params, floor=0.0).sample(64, generator=torch.Generator().manual_seed(12))
+        for name in ("tokens", "targets", "posterior", "entropy_bits", "transition", "emission", "log_likelihood"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    # Recorded from the tunnel before `floor` existed: the same draws and the same arithmetic.
+    episode = HMMTunnel(S=3, M=2, K=6).sample(2, generator=torch.Generator().manual_seed(0))
+    assert episode.tokens.tolist() == [
+        [66, 23, 11, 49, 20, 31, 13, 29, 58, 42, 58, 17, 83, 14, 86, 102, 102, 101, 102, 102, 102],
+        [30, 53, 17, 21, 47, 32, 44, 39, 17, 24, 76, 44, 56, 84, 16, 101, 101, 101, 102, 102, 101],
+    ]
+
+
+def paper_rows(rng: np.random.Generator, n_rows: int, k: int) -> np.ndarray:
+    """The authors' generator: Dirichlet(1), max(p, 0.05), renormalize, then their rounding
+    to cents with a 5-cent minimum."""
+    p = rng.dirichlet(np.ones(k), size=n_rows)
+    p = np.maximum(p, 0.05)
+    p /= p.sum(1, keepdims=True)
+    return np.stack([the_authors_rounding(row, 100, 5) for row in p]) / 100
+
+
+def paper_uniform_kl(rng: np.random.Generator, n: int, S: int, M: int, K: int) -> np.ndarray:
+    """``[n]``: per sequence, the mean over positions of log2(S) - H(p(s_t | o_1..o_t)) under
+    the authors' generator, with a numpy path sampler and a step-normalized forward filter."""
+    T = paper_rows(rng, n * S, S).reshape(n, S, S)
+    E = paper_rows(rng, n * S, M).reshape(n, S, M)
+    seq = np.arange(n)
+    state = rng.integers(S, size=n)
+    belief = np.full((n, S), 1 / S)
+    kl = np.zeros((n, K))
+    for t in range(K):
+        if t:  # inverse CDF; min() guards a last cumulative sum that rounds just under 1
+            state = np.minimum((rng.random((n, 1)) >= T[seq, state].cumsum(1)).sum(1), S - 1)
+            belief = np.einsum("bi,bij->bj", belief, T)
+        obs = np.minimum((rng.random((n, 1)) >= E[seq, state].cumsum(1)).sum(1), M - 1)
+        joint = belief * E[seq, :, obs]
+        belief = joint / joint.sum(1, keepdims=True)
+        kl[:, t] = math.log2(S) + (belief * np.log2(belief)).sum(1)  # every entry >= 0.05: no log(0)
+    return kl.mean(1)
+
+
+def test_floor_matches_the_authors_generator():
+    """KL(posterior || uniform) of the context-free predictor, mean over K = 20 positions,
+    against an independent numpy reimplementation of the authors' generator and the
+    published 0.414 bits.
+
+    Standard errors are over sequences (positions within a sequence are correlated, so the
+    per-sequence mean is the independent unit): measured 0.0020 bits for each side at n =
+    4000 (0.0028 for their difference), 0.0026 for floor = 0.
+    """
+    n, S, K = 4000, 5, 20
+
+    def ours(floor: float) -> np.ndarray:
+        episode = HMMTunnel(S=S, M=S, K=K, grid=0.01, floor=floor).sample(n, generator=torch.Generator().manual_seed(13))
+        return (math.log2(S) - episode.entropy_bits.numpy()).mean(1)
+
+    def mean_and_se(x: np.ndarray) -> tuple[float, float]:
+        return x.mean(), x.std(ddof=1) / math.sqrt(len(x))
+
+    ours_kl, ours_se = mean_and_se(ours(0.05))
+    paper_kl, paper_se = mean_and_se(paper_uniform_kl(np.random.default_rng(13), n, S, S, K))
+    # The same distribution drawn two ways: within 4 standard errors of their difference.
+    assert abs(ours_kl - paper_kl) <= 4 * math.hypot(ours_se, paper_se)
+    # Published to 3 decimals: 4 standard errors plus half a unit in the last place.
+    assert abs(paper_kl - 0.414) <= 4 * paper_se + 0.0005
+    assert abs(ours_kl - 0.414) <= 4 * ours_se + 0.0005
+    # Without the floor, near-zero entries make observations far more informative:
+    # 0.517 +- 0.0005 at n = 100,000, about 30 standard errors of the difference above.
+    floorless_kl, floorless_se = mean_and_se(ours(0.0))
+    assert floorless_kl - ours_kl >= 0.08 and abs(floorless_kl - 0.517) <= 4 * floorless_se
+
+
+def test_sample_cli_with_floor():
+    def windtunnel(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=120, check=False)
+
+    result = windtunnel("sample", "hmm", "--n", "1", "--seed", "0", "--set", "floor=0.05")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    entries = [p for row in record["T"] + record["E"] for p in row]
+    assert len(entries) == 50 and min(entries) >= 0.05
+    bad = windtunnel("sample", "hmm", "--n", "1", "--seed", "0", "--set", "floor=0.5")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1 and "floor=0.5" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_relabeling_permutes_the_posterior():
@@ -191,6 +371,13 @@ def test_same_seed_same_batch_bit_for_bit():
         (dict(initial=(0.5, 0.5)), "initial=[0.5, 0.5]"),
         (dict(S=2, initial=(0.7, 0.7)), "initial=[0.7, 0.7]"),
         (dict(K=2.5), "K=2.5"),
+        (dict(floor=-0.01), "floor=-0.01"),
+        (dict(floor=math.nan), "floor=nan"),
+        (dict(floor=math.inf), "floor=inf"),
+        (dict(floor=0.2), "floor=0.2"),  # 1/max(S, M): five entries cannot all exceed it
+        (dict(S=2, M=3, floor=0.34), "floor=0.34"),
+        (dict(grid=0.125, floor=0.15), "floor=0.15"),  # < 1/5 but 5 x 2 = 10 steps > 8 on the grid
+        (dict(floor="0.05"), "floor='0.05'"),
     ],
 )
 def test_bad_parameters_name_the_problem(params, name):

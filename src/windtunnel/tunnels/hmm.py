@@ -4,6 +4,10 @@ Each sequence draws a fresh HMM with ``S`` hidden states and ``M`` symbols: ever
 of the transition matrix ``T`` (``[S, S]``) and of the emission matrix ``E`` (``[S, M]``)
 is drawn from a symmetric Dirichlet(``concentration``) and then quantized to the grid
 (``grid = 1/N``; integer counts per row summing to exactly ``N``, largest remainder).
+With ``floor > 0`` every entry is first raised to at least ``floor`` (``max(p, floor)``,
+row renormalized) and rounded as the authors' generator rounds, to at least
+``m = ceil(floor * N)`` grid steps (:func:`round_rows_with_floor`), so every header
+probability is ``>= floor``; the authors' generator is ``floor=0.05, grid=0.01``.
 The quantized HMM *is* the hypothesis: states and observations are generated from it
 and the posterior is computed from it, so the model is scored against the HMM it reads.
 
@@ -31,7 +35,7 @@ from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels.base import Episode
 from windtunnel.tunnels.random import dirichlet
 
-__all__ = ["HMMEpisode", "HMMTunnel", "decode_header", "forward_filter", "quantize_rows"]
+__all__ = ["HMMEpisode", "HMMTunnel", "decode_header", "forward_filter", "quantize_rows", "round_rows_with_floor"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ class HMMTunnel:
         K: number of observations per sequence (the training horizon).
         concentration: symmetric Dirichlet concentration of every row of ``T`` and ``E``.
         grid: quantization step of header probabilities; ``1 / grid`` must be an integer.
+        floor: minimum probability of every entry of ``T`` and ``E``, in
+            ``[0, 1 / max(S, M))``; 0.0 (default) leaves the Dirichlet rows as drawn. Each
+            row becomes ``max(p, floor)`` renormalized, rounded like the authors' generator
+            to at least :attr:`floor_steps` grid steps per entry (:func:`round_rows_with_floor`). It keeps near-zero transitions and
+            emissions out of the task, so no single observation rules a state out; the
+            authors' generator is ``floor=0.05, grid=0.01``.
         initial: distribution of the first state, ``S`` non-negative numbers summing
             to 1; None (default) is uniform. It is a fixed, known part of the task and
             is not written into the header.
@@ -87,6 +97,7 @@ class HMMTunnel:
     K: int = 20
     concentration: float = 1.0
     grid: float = 0.01
+    floor: float = 0.0
     initial: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +115,18 @@ class HMMTunnel:
             raise ConfigError(
                 f"grid={self.grid} is too coarse or not a divisor of 1: need 1/grid an integer >= max(S, M) = {width} "
                 "so every row can sum to exactly 1 on the grid (e.g. grid=0.01)"
+            )
+        # Written so that NaN fails it: every comparison with NaN is False.
+        if not (math.isfinite(self.floor) and 0 <= self.floor < 1 / width):
+            raise ConfigError(
+                f"floor={self.floor} is out of range: need a finite value in [0, 1/max(S, M)) = [0, {1 / width:.6g}) "
+                "(e.g. floor=0.05)"
+            )
+        if width * self.floor_steps > self.levels:
+            raise ConfigError(
+                f"floor={self.floor} is infeasible on grid={self.grid}: rows of {width} entries of at least "
+                f"{self.floor_steps} steps need {width} x {self.floor_steps} = {width * self.floor_steps} grid steps "
+                f"per row but the grid has {self.levels}"
             )
         if self.initial is not None:
             p = self.initial
@@ -124,6 +147,15 @@ class HMMTunnel:
     def levels(self) -> int:
         """``N = 1 / grid``: header probabilities are ``n / N`` for integer ``n`` in ``0..N``."""
         return round(1.0 / self.grid)
+
+    @property
+    def floor_steps(self) -> int:
+        """``m``: the fewest grid steps any header entry has, the smallest ``m`` with ``m / N >= floor``.
+
+        ``floor * N`` is read to 1e-9 relative precision, so that ``0.05 * 100 =
+        5.000000000000001`` in float64 counts as 5 steps, not 6.
+        """
+        return math.ceil(self.floor * self.levels * (1 - 1e-9))
 
     @property
     def header_len(self) -> int:
@@ -154,7 +186,10 @@ class HMMTunnel:
         """``[n_positions, S]`` float64: p(s_t) for a predictor that reads nothing.
 
         ``s_1`` follows ``initial``. Every later state is uniform: the Dirichlet prior on each
-        row of ``T`` is symmetric, so ``E[T[i, j]] = 1/S`` and ``p(s_2 = j) = 1/S`` exactly;
+        row of ``T`` is symmetric, and the floor and the quantization treat every entry of a
+        row alike, so the entries stay exchangeable: ``E[T[i, j]] = 1/S`` and
+        ``p(s_2 = j) = 1/S`` exactly (quantization breaks ties by index, but only between
+        entries that tie with probability 0, or floored entries that get no extra step);
         for ``t > 2`` this is exact when ``initial`` is uniform (the default) and a close
         approximation otherwise.
         """
@@ -180,11 +215,18 @@ class HMMTunnel:
         n_obs = self.K if horizon is None else horizon
         self.check_horizon(n_obs)
         B, S, M, N = batch_size, self.S, self.M, self.levels
-        transition_counts = quantize_rows(dirichlet((B, S), S, self.concentration, generator=generator), N)
-        emission_counts = quantize_rows(dirichlet((B, S), M, self.concentration, generator=generator), N)
+        transition_counts = self._quantized_rows(dirichlet((B, S), S, self.concentration, generator=generator))
+        emission_counts = self._quantized_rows(dirichlet((B, S), M, self.concentration, generator=generator))
         initial = self.initial_distribution().expand(B, S)
         states, observations = _sample_path(transition_counts, emission_counts, initial, n_obs, N, generator)
         return self._episode(transition_counts, emission_counts, initial, states, observations)
+
+    def _quantized_rows(self, probs: Tensor) -> Tensor:
+        """Drawn Dirichlet rows -> grid counts, raised to the floor first when there is one."""
+        if self.floor == 0:  # exactly the arithmetic of the floorless tunnel: earlier runs' batches depend on it
+            return quantize_rows(probs, self.levels)
+        floored = probs.clamp_min(self.floor)
+        return round_rows_with_floor(floored / floored.sum(-1, keepdim=True), self.levels, self.floor_steps)
 
     def relabel(self, episode: HMMEpisode, permutation: Tensor) -> HMMEpisode:
         """The same sequences under the state relabeling ``permutation`` (``[S]`` or ``[B, S]``).
@@ -268,6 +310,45 @@ def quantize_rows(probs: Tensor, levels: int) -> Tensor:
     order = (scaled - counts).argsort(dim=-1, descending=True, stable=True)  # largest remainder first
     bonus = torch.arange(probs.shape[-1]) < missing  # [..., k]: one unit to each of the first `missing`
     return counts.long().scatter_add_(-1, order, bonus.long())
+
+
+def round_rows_with_floor(probs: Tensor, levels: int, minimum: int) -> Tensor:
+    """Round each row to integer counts summing to ``levels``, each at least ``minimum``, as
+    the authors' generator does.
+
+    Round every ``p * levels`` to the nearest integer (half to even), raise it to
+    ``minimum``, then fix the row's sum one unit at a time: a row short of ``levels`` adds
+    one unit to each entry in ascending order of its count (ties by position), cycling; a
+    row over it takes one unit from each entry above ``minimum`` in descending order,
+    cycling, skipping entries at the minimum. The orders are fixed once, before any fix.
+
+    Args:
+        probs: ``[..., k]`` rows summing to 1.
+        levels: units per row.
+        minimum: units every entry gets at least; ``k * minimum <= levels``.
+
+    Returns:
+        ``[..., k]`` int64 counts.
+    """
+    k = probs.shape[-1]
+    if k * minimum > levels:
+        raise ValueError(f"minimum={minimum} is infeasible: {k} x {minimum} units exceed levels={levels}")
+    counts = torch.round(probs * levels).long().clamp_min(minimum)  # [..., k]
+    short = (levels - counts.sum(-1, keepdim=True)).clamp_min(0)  # [..., 1]
+    # Short rows: the entry of rank r in ascending order is reached ceil((short - r) / k) times.
+    rank_up = counts.argsort(dim=-1, stable=True).argsort(dim=-1)  # [..., k]
+    counts = counts + torch.div(short - rank_up + k - 1, k, rounding_mode="floor").clamp_min(0)
+    # Rows over: each pass visits the entries in descending order once and takes a unit from
+    # each one still above the minimum, until the row sums to ``levels``.
+    down = (-counts).argsort(dim=-1, stable=True)  # [..., k]: entry indices, largest first
+    over = counts.sum(-1, keepdim=True) - levels  # [..., 1], >= 0
+    while bool((over > 0).any()):
+        in_order = counts.gather(-1, down)  # [..., k]
+        eligible = in_order > minimum
+        take = eligible & (eligible.cumsum(-1) <= over)  # the first `over` eligible entries of this pass
+        counts = counts.scatter_add(-1, down, -take.long())
+        over = over - take.sum(-1, keepdim=True)
+    return counts
 
 
 def _sample_path(
