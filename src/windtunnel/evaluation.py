@@ -12,8 +12,10 @@ Metrics (SPEC §1), all in bits and reported side by side:
 - ``mae_bits``: mean over sequences and positions of |H_model - H_Bayes|;
 - ``kl_bits``: mean over sequences and positions of KL(posterior || model).
 
-Each comes with a 95% bootstrap interval over sequences (``<name>_ci``), and per-position
-curves (``curves``).
+Each comes with a bootstrap interval over sequences (``<name>_ci``; 95% unless another
+``level`` is asked for), and per-position curves (``curves``). Sequences are the unit of
+resampling (:func:`bootstrap_weights`), and the interval is the percentile interval of the
+resampled statistic (:func:`percentile_interval`); ``score`` and ``score_relabeling`` share both.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from windtunnel.tunnels import Episode, Tunnel
 __all__ = [
     "EvalSet",
     "Predictor",
+    "bootstrap_weights",
     "evaluate",
     "model_predictor",
     "oracle_predictor",
+    "percentile_interval",
     "prior_predictor",
     "score",
     "score_relabeling",
@@ -105,14 +109,41 @@ def prior_predictor(tunnel: Tunnel) -> Predictor:
     return predict
 
 
-def score(predictions: Sequence[Tensor], episodes: Sequence[Episode], *, bootstrap: int = 0, seed: int = 0) -> dict[str, Any]:
+def bootstrap_weights(n: int, resamples: int, generator: torch.Generator) -> Tensor:
+    """``[resamples, n]`` float64: each row the weights of one bootstrap resample of ``n`` sequences.
+
+    A resample draws ``n`` sequences with replacement; sequence ``i``'s weight is the number
+    of times it was drawn, divided by ``n`` (multinomial counts; every row sums to 1). A
+    weighted mean ``weights @ values`` is then the statistic's mean over each resample.
+    """
+    draws = torch.randint(0, n, (resamples, n), generator=generator)
+    counts = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones(resamples, n, dtype=torch.float64))
+    return counts / n
+
+
+def percentile_interval(values: Tensor, level: float = 0.95) -> list[float]:
+    """``[low, high]``: the central ``level`` interval of the resampled statistic ``values`` ``[R]``.
+
+    The percentile bootstrap: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles
+    (linear interpolation between order statistics).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level={level} is not a probability strictly between 0 and 1")
+    tail = round((1.0 - level) / 2, 12)  # 0.025 exactly for 0.95, not 1 - 0.95's 0.025000000000000022
+    return torch.quantile(values, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+
+
+def score(
+    predictions: Sequence[Tensor], episodes: Sequence[Episode], *, bootstrap: int = 0, seed: int = 0, level: float = 0.95
+) -> dict[str, Any]:
     """Metrics of predictions ``[B, P, C]`` against the episodes' exact posteriors.
 
     Args:
         predictions: one tensor per episode, float64 probabilities.
         episodes: the episodes they predict.
-        bootstrap: resamples of sequences for 95% intervals (0: no intervals).
+        bootstrap: resamples of sequences for the intervals (0: no intervals).
         seed: seed of the bootstrap resampling.
+        level: coverage of the intervals (0.95: 95% intervals).
     """
     h_model = torch.cat([entropy_bits(p) for p in predictions])  # [N, P]
     h_bayes = torch.cat([e.entropy_bits for e in episodes])  # [N, P]
@@ -125,21 +156,14 @@ def score(predictions: Sequence[Tensor], episodes: Sequence[Episode], *, bootstr
         "kl_bits": kl.mean().item(),
     }
     if bootstrap:
-        # Resampling sequences with replacement = multinomial weights over sequences.
-        N = h_model.shape[0]
-        generator = torch.Generator().manual_seed(seed)
-        draws = torch.randint(0, N, (bootstrap, N), generator=generator)
-        weights = torch.zeros(bootstrap, N, dtype=torch.float64).scatter_add_(
-            1, draws, torch.ones(bootstrap, N, dtype=torch.float64)
-        ) / N  # [R, N]
+        weights = bootstrap_weights(h_model.shape[0], bootstrap, torch.Generator().manual_seed(seed))  # [R, N]
         resampled = {
-            "mae_aggregate_bits": (weights @ error).abs().mean(1),  # [R]
+            "mae_aggregate_bits": (weights @ error).abs().mean(1),  # [R]: |sequence mean| per position, then mean
             "mae_bits": weights @ error.abs().mean(1),
             "kl_bits": weights @ kl.mean(1),
         }
         for name, values in resampled.items():
-            low, high = torch.quantile(values, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-            result[f"{name}_ci"] = [low, high]
+            result[f"{name}_ci"] = percentile_interval(values, level)
     result["curves"] = {
         "model_entropy_bits": h_model.mean(0).tolist(),
         "bayes_entropy_bits": h_bayes.mean(0).tolist(),
@@ -179,28 +203,65 @@ def _per_sequence_mae(predictions: Sequence[Tensor], episodes: Sequence[Episode]
     return torch.cat([(entropy_bits(p) - e.entropy_bits).abs().mean(1) for p, e in zip(predictions, episodes)])
 
 
-def score_relabeling(predictor: Predictor, eval_set: EvalSet, tunnel: Any, *, seed: int, bootstrap: int = 1000) -> dict[str, Any]:
+def _per_sequence_kl(predictions: Sequence[Tensor], episodes: Sequence[Episode]) -> Tensor:
+    """``[N]`` mean over positions of KL(posterior || model) for each sequence."""
+    return torch.cat([kl_bits(e.posterior, p).mean(1) for p, e in zip(predictions, episodes)])
+
+
+def score_relabeling(
+    predictor: Predictor, eval_set: EvalSet, tunnel: Any, *, seed: int, bootstrap: int = 1000, level: float = 0.95
+) -> dict[str, Any]:
     """Per-sequence MAE on the held-out sequences and on the same sequences under a random
     relabeling of the hidden states (SPEC §3; Fig 8). A model that filters keeps ΔMAE ≈ 0.
 
+    ΔMAE ≈ 0 alone does not show filtering: a predictor that ignores the header is exactly
+    as (in)accurate after a relabeling. ``mae_bits_prior`` is the scale to read it against:
+    the per-sequence MAE of the context-free prior (:func:`prior_predictor`) on the same,
+    un-relabeled sequences; a filter's own MAE lies well below it. Entropy cannot see which
+    state is which, so ΔMAE is also blind to a predictor bound to state labels; ΔKL
+    (``delta_kl_bits``, the same sequences and resamples) is the stricter measure: it
+    compares each prediction with the permuted posterior state by state.
+
+    Args:
+        predictor: what is scored.
+        eval_set: the held-out sequences.
+        tunnel: has ``S``, ``relabel(episode, permutation)`` and ``prior_predictive(n_positions)``.
+        seed: seed of the permutations (one per sequence) and of the bootstrap.
+        bootstrap: resamples of sequences for the interval of ΔMAE (at least 1 is drawn).
+        level: coverage of that interval (0.95: a 95% interval).
+
     Returns:
-        means before and after, the mean difference (after - before) with its 95% bootstrap
-        interval, and the per-sequence values (for the scatter plot).
+        ``mae_bits_before`` / ``mae_bits_after`` (means over sequences), ``delta_mae_bits``
+        (mean of after - before) with its bootstrap interval ``delta_mae_bits_ci``,
+        ``mae_bits_prior``, the same for KL (``kl_bits_before``, ``kl_bits_after``,
+        ``delta_kl_bits``, ``delta_kl_bits_ci``), and ``per_sequence_before`` /
+        ``per_sequence_after`` (MAE, for the scatter plot).
     """
     generator = torch.Generator().manual_seed(seed + 7)
     relabeled = [
         tunnel.relabel(e, torch.rand(e.batch_size, tunnel.S, generator=generator).argsort(dim=1)) for e in eval_set.episodes
     ]
-    before = _per_sequence_mae([predictor(e) for e in eval_set.episodes], eval_set.episodes)  # [N]
-    after = _per_sequence_mae([predictor(e) for e in relabeled], relabeled)  # [N]
-    delta = after - before
-    draws = torch.randint(0, len(delta), (max(bootstrap, 1), len(delta)), generator=generator)
-    low, high = torch.quantile(delta[draws].mean(1), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    predicted = [predictor(e) for e in eval_set.episodes]
+    predicted_relabeled = [predictor(e) for e in relabeled]
+    before = _per_sequence_mae(predicted, eval_set.episodes)  # [N]
+    after = _per_sequence_mae(predicted_relabeled, relabeled)  # [N]
+    kl_before = _per_sequence_kl(predicted, eval_set.episodes)  # [N]
+    kl_after = _per_sequence_kl(predicted_relabeled, relabeled)  # [N]
+    prior = prior_predictor(tunnel)
+    prior_mae = _per_sequence_mae([prior(e) for e in eval_set.episodes], eval_set.episodes)  # [N]
+    delta, delta_kl = after - before, kl_after - kl_before
+    # The same generator, continued after the permutations: the resamples of sequences.
+    weights = bootstrap_weights(len(delta), max(bootstrap, 1), generator)  # [R, N]
     return {
         "mae_bits_before": before.mean().item(),
         "mae_bits_after": after.mean().item(),
         "delta_mae_bits": delta.mean().item(),
-        "delta_mae_bits_ci": [low, high],
+        "delta_mae_bits_ci": percentile_interval(weights @ delta, level),
+        "mae_bits_prior": prior_mae.mean().item(),
+        "kl_bits_before": kl_before.mean().item(),
+        "kl_bits_after": kl_after.mean().item(),
+        "delta_kl_bits": delta_kl.mean().item(),
+        "delta_kl_bits_ci": percentile_interval(weights @ delta_kl, level),
         "per_sequence_before": before.tolist(),
         "per_sequence_after": after.tolist(),
     }
