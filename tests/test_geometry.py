@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import scipy.stats
 import torch
@@ -17,9 +18,10 @@ from matplotlib import image
 
 from windtunnel.analysis import probes  # noqa: F401  (registers linear_probes for the end-to-end test)
 from windtunnel.analysis.base import Run
-from windtunnel.analysis.stats import average_ranks, pca, spearman
+from windtunnel.analysis.stats import average_ranks, pca, pearson, spearman
 from windtunnel.analysis.attention import attention_categories, qk_sharpening
-from windtunnel.analysis.geometry import key_orthogonality, value_manifold
+from windtunnel.analysis.keys import cosine_matrix, expected_abs_cosine, key_orthogonality, welch_rms_bound
+from windtunnel.analysis.manifold import value_manifold
 from windtunnel.analysis.runner import analyze_runs
 from windtunnel.evaluation import EvalSet
 from windtunnel.models import build_model
@@ -121,11 +123,160 @@ def test_orthogonal_keys_have_zero_cosine_and_shared_keys_cosine_one():
     assert result["layers"][0]["mean_abs_offdiag_cos"]["mean"] == pytest.approx(1 / 12, abs=1e-6)  # (0 + 1/6) / 2
 
 
-def test_hmm_keys_are_compared_over_observation_symbols():
+def test_hmm_keys_are_compared_over_observation_symbols_and_skip_the_output_token_measure():
     tunnel = HMMTunnel(S=2, M=3, K=4, grid=0.25)
     result = key_orthogonality([transformer(tunnel)], episodes_of(tunnel), tunnel)
     assert result["token_values"] == [5, 6, 7]  # symbol o is token N + 1 + o with N = 1/grid = 4
     assert len(result["frame_head_cos"]) == 3 and len(result["layers"]) == 2
+    # No hidden state is ever a token: the authors' output-token measure has nothing to read.
+    assert "normalized_output_keys_abs" not in result["measures"]
+    assert "hypothesis tokens" in result["measures_skipped"]["normalized_output_keys_abs"]
+    assert set(result["measures"]) == {
+        "in_context_input_keys",
+        "in_context_input_keys_centered",
+        "embedding_keys_all_tokens_signed",
+    }
+    assert result["measures"]["embedding_keys_all_tokens_signed"]["tokens"] == list(range(tunnel.vocab_size))
+
+
+def test_the_in_context_measures_are_the_existing_numbers():
+    tunnel = BijectionTunnel(V=4)
+    result = key_orthogonality([orthogonal_key_model(tunnel)], episodes_of(tunnel), tunnel)
+    measures = result["measures"]
+    assert measures["in_context_input_keys"]["heads"] == result["heads_mean_abs_offdiag_cos"]
+    assert measures["in_context_input_keys_centered"]["heads"] == result["heads_mean_abs_offdiag_cos_centered"]
+    layer0 = measures["in_context_input_keys"]["layers"][0]
+    assert layer0["mean_over_heads"] == result["layers"][0]["mean_abs_offdiag_cos"]
+    assert layer0["best_head"]["mean"] == result["frame_heads"][0]["mean_abs_offdiag_cos"]  # the frame head
+    assert measures["in_context_input_keys"]["tokens"] == [0, 1, 2, 3]
+    assert measures["in_context_input_keys"]["d_head"] == D_HEAD
+    # Without initial models every random-init field is None.
+    assert result["random_init"] is None
+    assert layer0["random_init_mean_over_heads"] is None and layer0["random_init_best_head"] is None
+    assert all(m["random_init_heads"] is None for m in measures.values())
+
+
+@pytest.mark.parametrize("d", [8, 16, 32])
+def test_expected_abs_cosine_is_the_mean_of_the_square_root_of_a_beta(d):
+    # cos^2 of two isotropic directions in d dimensions is Beta(1/2, (d-1)/2): scipy
+    # integrates E[sqrt(cos^2)] numerically (quad's default tolerance is 1.5e-8).
+    oracle = scipy.stats.beta(0.5, (d - 1) / 2).expect(np.sqrt)
+    assert expected_abs_cosine(d) == pytest.approx(oracle, abs=1e-7)
+
+
+def test_the_welch_bound_is_attained_by_a_regular_simplex_and_zero_when_the_vectors_fit():
+    d = 5
+    # A regular simplex: the d + 1 basis vectors of R^(d+1), centered (they then span d
+    # dimensions), written in an orthonormal basis of that span and normalized.
+    centered = torch.eye(d + 1, dtype=torch.float64) - 1 / (d + 1)
+    basis, _ = torch.linalg.qr(centered[:, :d])  # [d + 1, d]: orthonormal basis of the centered span
+    simplex = centered @ basis  # [d + 1, d]
+    cos = cosine_matrix(simplex)
+    off = ~torch.eye(d + 1, dtype=torch.bool)
+    assert cos[off] == pytest.approx(torch.full((d * (d + 1),), -1 / d, dtype=torch.float64), abs=1e-12)
+    rms = cos[off].square().mean().sqrt().item()
+    assert welch_rms_bound(d + 1, d) == pytest.approx(1 / d, abs=1e-15) == pytest.approx(rms, abs=1e-12)
+    assert welch_rms_bound(d, d) == welch_rms_bound(3, d) == welch_rms_bound(1, d) == 0.0  # orthonormal vectors fit
+    # Any other configuration has an RMS at least the bound (a theorem, so no tolerance).
+    random = torch.randn(20, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    off = ~torch.eye(20, dtype=torch.bool)
+    assert cosine_matrix(random)[off].square().mean().sqrt().item() >= welch_rms_bound(20, d)
+
+
+@torch.no_grad()
+def embedding_key_model(tunnel: BijectionTunnel):
+    """Token t (of 2V = 6) embeds as e_t + e_8: one-hot plus a component every token shares.
+
+    Both layers, both heads: head 0's key reads coordinates 0..7, so the keys are e_t, orthonormal.
+    Head 1's key reads coordinates 0..5 and, into its last dimension, coordinate 8: keys
+    e_t + e_7 (in head space), which share one unit component: every off-diagonal cosine is 1/2.
+    """
+    assert tunnel.V == 3
+    model = transformer(tunnel)
+    model.token_embed.weight.zero_()
+    for t in range(6):
+        model.token_embed.weight[t] = e(t, 8)
+    for layer in (0, 1):
+        set_rows(model, layer, "k", 0, [e(f) for f in range(8)])
+        set_rows(model, layer, "k", 1, [e(f) for f in range(6)] + [torch.zeros(D_MODEL), e(8)])
+    return model
+
+
+def test_embedding_keys_signed_mean_sees_a_shared_component_and_orthogonal_keys_score_zero():
+    tunnel = BijectionTunnel(V=3)
+    result = key_orthogonality([embedding_key_model(tunnel)], episodes_of(tunnel), tunnel)
+    measure = result["measures"]["embedding_keys_all_tokens_signed"]
+    assert measure["tokens"] == list(range(6)) and measure["statistic"] == "signed_mean_cos"
+    assert measure["chance"] == {"expected_signed_cos": 0.0}
+    # Head 0: orthonormal keys, cos 0. Head 1: cos a^2 / (1 + a^2) = 1/2 with a = 1 for every pair.
+    # float64 from float32 weights that are exactly 0 and 1: 1e-12.
+    for layer in (0, 1):
+        assert measure["heads"][0][layer] == pytest.approx([0.0, 0.5], abs=1e-12)
+        row = measure["layers"][layer]
+        assert row["mean_over_heads"]["mean"] == pytest.approx(0.25, abs=1e-12)
+        assert row["best_head"]["mean"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_embedding_keys_signed_mean_of_a_shared_key_pair():
+    # The orthogonal-key model's head 1 gives x=0 and x=1 the key (1, -1, 0...) and x=2, x=3
+    # keys on disjoint supports; its outputs embed on coordinates 8..15, which neither head
+    # reads (zero keys: cosine 0 by convention). Head 1: the pair (0, 1) in both orders of
+    # 8 * 7 off-diagonal entries, 2/56; head 0: 0.
+    tunnel = BijectionTunnel(V=4)
+    result = key_orthogonality([orthogonal_key_model(tunnel)], episodes_of(tunnel), tunnel)
+    heads = result["measures"]["embedding_keys_all_tokens_signed"]["heads"][0]
+    assert heads[0] == pytest.approx([0.0, 2 / 56], abs=1e-12) and heads[1] is None  # layer 1 has no attention
+
+
+def normalized_output_keys(model, tunnel):
+    result = key_orthogonality([model], episodes_of(tunnel, n=16), tunnel)
+    return result["measures"]["normalized_output_keys_abs"]
+
+
+@torch.no_grad()
+def test_normalized_output_keys_read_the_centered_scaled_embedding_only():
+    tunnel = BijectionTunnel(V=3)
+    model = embedding_key_model(tunnel)
+    measure = normalized_output_keys(model, tunnel)
+    assert measure["tokens"] == [3, 4, 5] and measure["n_tokens"] == 3
+    # Output token t embeds as e_t + e_8 over 16 coordinates: LayerNorm centering subtracts 1/8
+    # everywhere (its scale does not change a cosine). Head 0 reads coordinates 0..7: 7/8 at t,
+    # -1/8 elsewhere, so for t != u: dot (2 (7/8)(-1/8) + 6/64) = -8/64, norm^2 (49 + 7)/64,
+    # cos -1/7. Head 1 reads 0..5 and coordinate 8 (7/8): dot (-14 + 4 + 49)/64, norm^2
+    # (49 + 5 + 49)/64, cos 39/103. LayerNorm eps (1e-5 on a variance 7/64) scales all
+    # coordinates alike: no effect on a cosine; float64 arithmetic: 1e-12.
+    expected = [1 / 7, 39 / 103]
+    assert measure["heads"][0][0] == pytest.approx(expected, abs=1e-12)
+    assert measure["layers"][0]["best_head"]["mean"] == pytest.approx(1 / 7, abs=1e-12)  # the authors' number
+    assert measure["layers"][0]["mean_over_heads"]["mean"] == pytest.approx(sum(expected) / 2, abs=1e-12)
+    # 3 keys fit in d_head = 8 dimensions: the Welch bound is 0.
+    assert measure["chance"] == {"expected_abs_cos": expected_abs_cosine(D_HEAD), "welch_rms_bound": 0.0}
+    # Neither the position embedding nor the LayerNorm shift enters; the LayerNorm scale and
+    # the embedding do.
+    model.pos_embed.weight.normal_(generator=torch.Generator().manual_seed(1))
+    model.blocks[0].attn.ln.bias.fill_(0.7)
+    assert normalized_output_keys(model, tunnel)["heads"][0][0] == pytest.approx(expected, abs=1e-12)
+    model.blocks[0].attn.ln.weight[8] = 0.0  # head 1 loses its shared component: cos (-14 + 4)/(49 + 5) < 0
+    assert normalized_output_keys(model, tunnel)["heads"][0][0][1] == pytest.approx(10 / 54, abs=1e-12)
+    model.blocks[0].attn.ln.weight[8] = 1.0
+    model.token_embed.weight[3] = e(3)  # token 3 loses the shared component
+    assert normalized_output_keys(model, tunnel)["heads"][0][0] != pytest.approx(expected, abs=1e-3)
+
+
+def test_random_init_fields_are_the_same_analysis_of_the_initial_models():
+    tunnel = BijectionTunnel(V=4)
+    trained, initial = orthogonal_key_model(tunnel), transformer(tunnel, no_attention_layers=(1,), seed=3)
+    episodes = episodes_of(tunnel)
+    result = key_orthogonality([trained], episodes, tunnel, initial_models=[initial])
+    reference = key_orthogonality([initial], episodes, tunnel)
+    for key in ("layers", "heads_mean_abs_offdiag_cos", "frame_heads", "frame_head_mean_abs_offdiag_cos"):
+        assert result["random_init"][key] == reference[key]
+    for name, measure in result["measures"].items():
+        assert measure["random_init_heads"] == reference["measures"][name]["heads"]
+        for row, ref in zip(measure["layers"], reference["measures"][name]["layers"]):
+            assert row["random_init_mean_over_heads"] == ref["mean_over_heads"]
+            assert row["random_init_best_head"] == ref["best_head"]
+        assert measure["heads"] != measure["random_init_heads"]  # the trained numbers are the trained model's
 
 
 # --- QK sharpening -------------------------------------------------------------------------
@@ -237,6 +388,69 @@ def test_hmm_uniform_attention_splits_header_and_observations_by_count():
     assert result["layers"][1]["entropy_bits"]["mean"] == pytest.approx(torch.log2(n_keys).mean().item(), abs=1e-5)
 
 
+@torch.no_grad()
+def query_key_cosine_model(tunnel: BijectionTunnel):
+    """Both layers: queries and keys whose cosines depend on the pair index, by construction.
+
+    Inputs embed as e_2 - e_3; the k-th input's position (2k) adds k (e_6 - e_7); outputs and
+    their positions are left random (the measure reads the inputs only). Every input's
+    residual has zero mean, so the LayerNorm only rescales it, which no cosine sees.
+    Head 0: q reads (x_2 - x_3), k reads (x_2 - x_3, x_6 - x_7): q_i = (2, 0), k_j = (2, 2j),
+    cos 1/sqrt(1 + j^2). Head 1: q reads (x_6 - x_7), k reads (x_2 - x_3): q_i = (2i), k_j = (2),
+    cos 1 for every query i >= 1 (the only ones with an earlier key).
+    """
+    model = transformer(tunnel)
+    freeze_residual(model)
+    model.token_embed.weight[: tunnel.V] = e(2) - e(3)
+    for k in range(tunnel.L):
+        model.pos_embed.weight[2 * k] = k * (e(6) - e(7))
+    for layer in (0, 1):
+        set_rows(model, layer, "q", 0, [e(2) - e(3)])
+        set_rows(model, layer, "k", 0, [e(2) - e(3), e(6) - e(7)])
+        set_rows(model, layer, "q", 1, [e(6) - e(7)])
+        set_rows(model, layer, "k", 1, [e(2) - e(3)])
+    return model
+
+
+def test_the_authors_query_key_cosine_of_hand_set_queries_and_keys():
+    tunnel = BijectionTunnel(V=6)  # 5 inputs, at positions 0, 2, 4, 6, 8
+    result = qk_sharpening([query_key_cosine_model(tunnel)], episodes_of(tunnel), tunnel)
+    authors = result["authors_query_key_cosine"]
+    expected = [[(1 + 1 / math.sqrt(1 + j * j)) / 2 if j < i else None for j in range(5)] for i in range(5)]
+    pairs = [v for row in expected for v in row if v is not None]
+    for layer in (0, 1):
+        heatmap = authors["heatmap"][layer]
+        assert [[v is None for v in row] for row in heatmap] == [[v is None for v in row] for row in expected]
+        for row, expected_row in zip(heatmap, expected):
+            # float32 queries and keys, cosines in float64: 1e-6 covers the rounding
+            earlier = [v for v in expected_row if v is not None]
+            assert [v for v in row if v is not None] == pytest.approx(earlier, abs=1e-6)
+        assert authors["layers"][layer]["mean_cos"]["mean"] == pytest.approx(sum(pairs) / len(pairs), abs=1e-6)
+        assert authors["layers"][layer]["random_init_mean_cos"] is None
+    assert "no scalar and no threshold" in authors["note"]
+    assert all(row["random_init"] is None for row in result["layers"])
+
+
+def test_qk_random_init_fields_are_the_same_analysis_of_the_initial_models():
+    tunnel = BijectionTunnel(V=6)
+    trained, initial = sharpening_model(tunnel), transformer(tunnel, seed=5)
+    episodes = episodes_of(tunnel, n=32)
+    result = qk_sharpening([trained], episodes, tunnel, initial_models=[initial])
+    reference = qk_sharpening([initial], episodes, tunnel)
+    for row, ref in zip(result["layers"], reference["layers"]):
+        assert row["random_init"] == {"lift": ref["lift"], "entropy_bits": ref["entropy_bits"]}
+        assert row["random_init"]["lift"] != row["lift"]
+    for row, ref in zip(result["authors_query_key_cosine"]["layers"], reference["authors_query_key_cosine"]["layers"]):
+        assert row["random_init_mean_cos"] == ref["mean_cos"]
+
+
+def test_hmm_query_key_cosine_reads_the_observations():
+    tunnel = HMMTunnel(S=2, M=2, K=3, grid=0.5)  # observations at 8, 9, 10
+    result = qk_sharpening([transformer(tunnel)], episodes_of(tunnel, n=16), tunnel)
+    heatmap = result["authors_query_key_cosine"]["heatmap"][0]
+    assert [[v is not None for v in row] for row in heatmap] == [[False] * 3, [True, False, False], [True, True, False]]
+
+
 # --- value manifold ------------------------------------------------------------------------
 
 
@@ -286,11 +500,125 @@ def test_a_residual_stream_that_is_entropy_along_one_direction_has_one_component
     # (~1e-16), which breaks ties the entropies keep: a loss of order 1e-4 in rank correlation.
     assert resid["spearman_pc1_entropy"]["mean"] == pytest.approx(1.0, abs=1e-3)
     assert set(result["spaces"]) == {"resid_post", "attn_v", "attn_z"}
-    assert result["anchor"]["met"]
     scatter = resid["scatter"]
     assert len(scatter["pc1"]) == len(scatter["entropy_bits"]) == result["n_points"] == 64 * 5
     # Oriented: PC1 rises with the entropy.
     assert scipy.stats.spearmanr(scatter["pc1"], scatter["entropy_bits"]).statistic > 0.99
+
+
+def test_pearson_matches_scipy():
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(200, generator=generator, dtype=torch.float64)
+    y = x.square() + torch.randn(200, generator=generator, dtype=torch.float64)
+    assert pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x.numpy(), y.numpy()).statistic, abs=1e-12)
+    assert pearson(x, 3 * x + 1) == pytest.approx(1.0, abs=1e-12) and pearson(-x, x) == pytest.approx(-1.0, abs=1e-12)
+    assert math.isnan(pearson(torch.ones(5), torch.arange(5.0)))
+
+
+@torch.no_grad()
+def manifold_model(tunnel: BijectionTunnel) -> tuple[object, torch.Tensor, float]:
+    """A frozen residual stream whose final LayerNorm output is known exactly, position by position.
+
+    The k-th input (position 2k) holds H_k (e_2 - e_3) + g_k (e_4 - e_5), its value token
+    (2k + 1) a_k (e_2 - e_3) + H_k (e_6 - e_7) + g'_k (e_4 - e_5), with H_k = log2(V - k) the
+    exact entropy there. g and g' make every squared norm R^2, so the LayerNorm divides
+    every position by the same sigma = sqrt(2 R^2 / 16 + eps); its scale is zero on
+    coordinates 4 and 5, so ln_final is H_k (e_2 - e_3) / sigma at the inputs and
+    (a_k (e_2 - e_3) + H_k (e_6 - e_7)) / sigma at the values. a is uncorrelated with H
+    over k and has 4 times its variance: at the values PC1 (a) takes 4/5 of the variance
+    and does not correlate with H; PC2 is H itself.
+
+    Returns the model, ``a`` and ``R^2``.
+    """
+    model = transformer(tunnel)
+    freeze_residual(model)
+    model.token_embed.weight.zero_()
+    model.pos_embed.weight.zero_()
+    k = torch.arange(tunnel.L, dtype=torch.float64)
+    entropy = torch.log2(tunnel.V - k)  # [L]
+    centered = entropy - entropy.mean()
+    a = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    a = a - a.mean()
+    a = a - (a @ centered) / (centered @ centered) * centered  # zero mean, orthogonal to H - mean(H)
+    a = a * 2 * centered.norm() / a.norm()  # variance 4 var(H)
+    R2 = (a.square() + entropy.square()).max().item() + 1.0
+    for i in range(tunnel.L):
+        h, g, g_value = entropy[i].item(), math.sqrt(R2 - entropy[i] ** 2), math.sqrt(R2 - a[i] ** 2 - entropy[i] ** 2)
+        model.pos_embed.weight[2 * i] = h * (e(2) - e(3)) + g * (e(4) - e(5))
+        model.pos_embed.weight[2 * i + 1] = a[i].item() * (e(2) - e(3)) + h * (e(6) - e(7)) + g_value * (e(4) - e(5))
+    model.ln_final.weight[4:6] = 0.0
+    return model, a, R2
+
+
+def test_the_authors_manifold_measures_on_a_known_final_layernorm_output():
+    tunnel = BijectionTunnel(V=6)
+    model, _, _ = manifold_model(tunnel)
+    result = value_manifold([model], episodes_of(tunnel), tunnel=tunnel)
+    measures = result["measures"]
+    assert set(measures) == {
+        "resid_supervised_spearman_pc1",
+        "ln_final_value_positions_max_pearson",
+        "ln_final_supervised_abs_pearson_pc1",
+    } and result["measures_skipped"] == {}
+    # Tolerances: float32 activations (relative rounding ~6e-8) through float64 PCA; 1e-6.
+    # At the inputs ln_final is H_k times one direction: one component, Pearson 1.
+    supervised = measures["ln_final_supervised_abs_pearson_pc1"]
+    assert supervised["activation"] == "ln_final" and supervised["n_points"] == 64 * 5
+    assert supervised["pc1_variance"]["mean"] == pytest.approx(1.0, abs=1e-6)
+    assert supervised["correlation"]["value"]["mean"] == pytest.approx(1.0, abs=1e-6)
+    assert supervised["correlation"]["pc"] == 1 and supervised["correlation"]["statistic"] == "abs_pearson_pc1"
+    # At the value tokens (p + 1), labelled with the entropy at p: PC1 holds 4/5 of the
+    # variance and is uncorrelated with H; the max over PCs finds H on PC2. Reading p instead
+    # would give PC1 = 100%, pc 1.
+    values = measures["ln_final_value_positions_max_pearson"]
+    assert values["n_points"] == 64 * 5 and values["activation"] == "ln_final"
+    assert values["pc1_variance"]["mean"] == pytest.approx(0.8, abs=1e-6)
+    assert values["correlation"] == {
+        "statistic": "max_abs_pearson_pc1_to_pc5",
+        "value": {"mean": pytest.approx(1.0, abs=1e-6), "std": 0.0},
+        "pc": 2,
+    }
+    # Ours reads the residual stream before the final norm: the numbers of spaces["resid_post"].
+    ours, space = measures["resid_supervised_spearman_pc1"], result["spaces"]["resid_post"]
+    assert ours["pc1_variance"] == space["pc1_variance"]
+    assert ours["correlation"]["value"] == space["spearman_pc1_entropy"] and ours["correlation"]["pc"] == 1
+    assert ours["activation"] == "blocks.1.resid_post" and ours["random_init"] is None
+
+
+def test_the_max_over_pcs_skips_components_that_are_float_rounding():
+    tunnel = BijectionTunnel(V=6)
+    model, a, R2 = manifold_model(tunnel)
+    with torch.no_grad():  # value tokens now hold a alone: one component, uncorrelated with H
+        for i in range(tunnel.L):
+            model.pos_embed.weight[2 * i + 1] = a[i].item() * (e(2) - e(3)) + math.sqrt(R2 - a[i] ** 2) * (e(4) - e(5))
+    result = value_manifold([model], episodes_of(tunnel), tunnel=tunnel)
+    values = result["measures"]["ln_final_value_positions_max_pearson"]
+    assert values["pc1_variance"]["mean"] == pytest.approx(1.0, abs=1e-6)  # float32 rounding, as above
+    # a is orthogonal to H - mean(H) in float64; stored in float32 its correlation is ~1e-7.
+    assert values["correlation"]["value"]["mean"] == pytest.approx(0.0, abs=1e-5)
+    # PC2..PC5 carry ~1e-17 of the variance (rounding), whose scores can correlate with H by
+    # chance (|r| ~ 0.7 here): they are skipped, and PC1 stands.
+    assert values["correlation"]["pc"] == 1
+
+
+def test_a_final_query_has_no_value_token_and_is_dropped():
+    tunnel = BijectionTunnel(V=6, query=True)  # supervised at 0, 2, .., 8 and the query at 10 (the last position)
+    result = value_manifold([transformer(tunnel)], episodes_of(tunnel, n=16), tunnel=tunnel)
+    assert result["measures"]["ln_final_supervised_abs_pearson_pc1"]["n_points"] == 16 * 6
+    assert result["measures"]["ln_final_value_positions_max_pearson"]["n_points"] == 16 * 5
+
+
+def test_hmm_manifold_skips_the_value_positions_and_fills_random_init_from_the_initial_models():
+    tunnel = HMMTunnel(S=2, M=2, K=3, grid=0.5)
+    trained, initial = transformer(tunnel), transformer(tunnel, seed=7)
+    episodes = episodes_of(tunnel, n=32)
+    result = value_manifold([trained], episodes, tunnel=tunnel, initial_models=[initial])
+    assert set(result["measures"]) == {"resid_supervised_spearman_pc1", "ln_final_supervised_abs_pearson_pc1"}
+    assert "no value tokens" in result["measures_skipped"]["ln_final_value_positions_max_pearson"]
+    reference = value_manifold([initial], episodes, tunnel=tunnel)["measures"]
+    for name, measure in result["measures"].items():
+        assert measure["random_init"] == {key: reference[name][key] for key in ("pc1_variance", "correlation")}
+        assert measure["random_init"]["pc1_variance"] != measure["pc1_variance"]
 
 
 def test_value_manifold_of_the_mlp_control_reads_the_residual_stream_only():
@@ -333,3 +661,18 @@ def test_registered_analyses_average_seeds_and_draw_figures(tmp_path):
     assert [row["layer"] for row in sharpening["layers"]] == [0, 1]
     for row in sharpening["layers"]:  # the categories partition the keys: the masses sum to 1
         assert sum(row["mass"][name]["mean"] for name in sharpening["categories"]) == pytest.approx(1.0, abs=1e-6)
+    # These runs are untrained (step 0), so their initial models, rebuilt from the configs,
+    # are the models themselves: every random-init number equals the trained one, exactly
+    # (the same code on the same weights).
+    assert keys["random_init"]["layers"] == keys["layers"]
+    for measure in keys["measures"].values():
+        assert measure["random_init_heads"] == measure["heads"]
+        assert all(row["random_init_best_head"] == row["best_head"] for row in measure["layers"])
+    for row in sharpening["layers"]:
+        assert row["random_init"] == {"lift": row["lift"], "entropy_bits": row["entropy_bits"]}
+    for row in sharpening["authors_query_key_cosine"]["layers"]:
+        assert row["random_init_mean_cos"] == row["mean_cos"]
+    manifold = json.loads(written["value_manifold"].read_text())
+    assert len(manifold["measures"]) == 3  # the bijection has value tokens
+    for measure in manifold["measures"].values():
+        assert measure["random_init"] == {key: measure[key] for key in ("pc1_variance", "correlation")}

@@ -11,6 +11,10 @@ registered analysis on the first
     from windtunnel.analysis.attention import qk_sharpening
     result = qk_sharpening([model], episodes, tunnel)
     [row["mass"]["evidence"]["mean"] for row in result["layers"]]
+
+Beside it, the authors' own quantity (``authors_query_key_cosine``: the cosine of each
+supervised query with the keys of the earlier supervised positions, a heat map), and the
+same numbers for the runs' randomly initialized models (``initial_models``).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, register, summarize
+from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize
 from windtunnel.metrics import entropy_bits
 from windtunnel.models import SequenceModel, run_with_trace
 from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
 
-__all__ = ["CATEGORY_MEANINGS", "attention_categories", "qk_sharpening"]
+__all__ = ["AUTHORS_QUERY_KEY_COSINE", "CATEGORY_MEANINGS", "attention_categories", "qk_sharpening"]
 
 
 # --- query-key sharpening (Fig 15) -----------------------------------------------------
@@ -98,22 +102,31 @@ def attention_categories(tunnel: Tunnel, episode: Episode) -> dict[str, Tensor]:
     raise ValueError(f"qk sharpening knows the bijection and hmm tunnels, not {tunnel.name!r}")
 
 
+def _unit(vectors: Tensor) -> Tensor:
+    """``[..., d]`` vectors scaled to unit length (a zero vector stays zero, so its cosines are 0)."""
+    return vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(vectors.dtype).tiny)
+
+
 @torch.no_grad()
 def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
     """Per attention layer ``[H]`` masses by category and entropy, averaged over sequences and
-    the supervised positions with more than one key; plus the uniform-attention references."""
+    the supervised positions with more than one key; the uniform-attention references; and
+    per layer the ``[P, P]`` query-key cosine between supervised positions (the authors'
+    measure), averaged over sequences and heads."""
     layers = sorted(model.attention_heads)
     mass: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
     entropy: dict[int, Tensor] = {layer: torch.zeros(()) for layer in layers}
+    query_key_cos: dict[int, Tensor] = {layer: torch.zeros(()) for layer in layers}
     uniform_mass: dict[str, Tensor] = {}
     uniform_entropy = torch.zeros(())
     n_total = 0
+    names = [f"blocks.{layer}.attn.{what}" for layer in layers for what in ("pattern", "q", "k")]
     for episode in episodes:
         categories = attention_categories(tunnel, episode)  # {name: [B, P, T]}
         queries = episode.positions  # [P]
         valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
         n_keys = (queries + 1).double()[valid]  # [P']
-        _, trace = run_with_trace(model, episode.tokens, [f"blocks.{layer}.attn.pattern" for layer in layers])
+        _, trace = run_with_trace(model, episode.tokens, names)
         B = episode.batch_size
         n_total += B
         for name, keys in categories.items():
@@ -126,15 +139,61 @@ def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: 
                 on_keys = (pattern * keys[:, None, valid]).sum(-1)  # [B, H, P']
                 mass[layer][name] = mass[layer].get(name, 0) + on_keys.mean(2).sum(0)  # [H]
             entropy[layer] = entropy[layer] + entropy_bits(pattern).mean(2).sum(0)  # [H]
+            q = _unit(trace[f"blocks.{layer}.attn.q"][:, :, queries].double())  # [B, H, P, d_head]
+            k = _unit(trace[f"blocks.{layer}.attn.k"][:, :, queries].double())  # [B, H, P, d_head]
+            query_key_cos[layer] = query_key_cos[layer] + (q @ k.transpose(-1, -2)).mean(1).sum(0)  # [P, P]
     return {
         "mass": {layer: {name: m / n_total for name, m in per.items()} for layer, per in mass.items()},
         "entropy_bits": {layer: e / n_total for layer, e in entropy.items()},
         "uniform_mass": {name: (m / n_total).item() for name, m in uniform_mass.items()},
         "uniform_entropy_bits": (uniform_entropy / n_total).item(),
+        "query_key_cos": {layer: c / n_total for layer, c in query_key_cos.items()},
     }
 
 
-def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], tunnel: Tunnel) -> dict[str, Any]:
+#: What the authors' query-key cosine is, in one sentence.
+AUTHORS_QUERY_KEY_COSINE = (
+    "The authors' qkv_analysis.py measure: at each supervised query position p (bijection: the input x_k; HMM: "
+    "the observation o_t), the cosine between the query q_p and the key k_j of each earlier supervised position "
+    "j < p (bijection: the earlier inputs, the authors' keys at earlier input positions), both read from the "
+    "layer's LayerNorm output, per head and then averaged over heads; the authors take the prefixes of one fixed "
+    "sequence, we average over the diagnostic sequences."
+)
+
+
+def _earlier_pairs(n_positions: int) -> Tensor:
+    """``[P, P]`` bool: ``(query index i, key index j)`` with ``j < i``."""
+    return torch.ones(n_positions, n_positions, dtype=torch.bool).tril(diagonal=-1)
+
+
+def _mean_query_key_cos(cos: Tensor) -> float:
+    """``[P, P]`` mean cosines -> their mean over the pairs with an earlier key (each pair
+    holds the same number of sequences and heads, so this is the mean over all of them)."""
+    return cos[_earlier_pairs(cos.shape[0])].mean().item()
+
+
+def _layer_rows(
+    stats: Sequence[dict[str, Any]], layers: list[int], categories: list[str], uniform: dict[str, float]
+) -> dict[int, dict[str, Any]]:
+    """Per layer the over-runs ``mass``, ``lift`` and ``entropy_bits`` of one set of runs."""
+    rows = {}
+    for layer in layers:
+        mass = {name: summarize([s["mass"][layer][name].mean().item() for s in stats]) for name in categories}
+        rows[layer] = {
+            "mass": mass,
+            "lift": {name: mass[name]["mean"] / uniform[name] if uniform[name] > 0 else None for name in categories},
+            "entropy_bits": summarize([s["entropy_bits"][layer].mean().item() for s in stats]),
+        }
+    return rows
+
+
+def qk_sharpening(
+    models: Sequence[SequenceModel],
+    episodes: Sequence[Episode],
+    tunnel: Tunnel,
+    *,
+    initial_models: Sequence[SequenceModel] | None = None,
+) -> dict[str, Any]:
     """Where each layer's queries at the supervised positions attend, and how sharply (Fig 15).
 
     For each attention layer and head: the attention mass a supervised query puts on each
@@ -146,38 +205,63 @@ def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], 
     keys would give; ``lift`` is mass over that. Sharpening with depth shows as rising
     evidence mass (lift > 1) and falling entropy.
 
+    Beside ours, the authors' own quantity (:data:`AUTHORS_QUERY_KEY_COSINE`): the cosine
+    between each supervised query and the keys of the earlier supervised positions, a heat
+    map without a scalar or threshold.
+
+    Args:
+        models: trained runs of one architecture.
+        episodes: the sequences to read.
+        tunnel: their tunnel.
+        initial_models: the same runs' initial (step-0) models, read by exactly the same
+            code; None leaves every random-init field None.
+
     Returns:
         ``runs``; ``tunnel``; ``categories`` and ``category_meanings``;
         ``uniform_mass`` ``{category: float}`` and ``uniform_entropy_bits``;
         ``layers``: per attention layer ``mass`` ``{category: {mean, std}}`` (mean over
         heads; mean and std over runs), ``lift`` ``{category: float}``, ``entropy_bits``
-        ``{mean, std}``, and ``heads`` (run 0): ``mass`` ``{category: [H]}`` and
-        ``entropy_bits`` ``[H]``.
+        ``{mean, std}``, ``heads`` (run 0): ``mass`` ``{category: [H]}`` and
+        ``entropy_bits`` ``[H]``, and ``random_init``: ``{lift, entropy_bits}`` of the
+        initial models (None without them);
+        ``authors_query_key_cosine``: ``definition``, ``layers`` (per attention layer
+        ``mean_cos`` and ``random_init_mean_cos``, mean and std over runs of the mean over
+        all query-key pairs, sequences and heads), ``heatmap`` (run 0, ``[layer][query
+        index][key index]`` over the supervised positions, None for layers without
+        attention and where the key index is not earlier), ``note``.
     """
     check_same_architecture(models, "the geometric analyses")
+    if initial_models is not None:
+        check_same_architecture([*models, *initial_models], "the geometric analyses (trained and initial models)")
     layers = sorted(models[0].attention_heads)
     if not layers:
         raise ValueError("qk sharpening needs a model with attention")
     stats = [_attention_stats(model, episodes, tunnel) for model in models]
+    initial = None if initial_models is None else [_attention_stats(m, episodes, tunnel) for m in initial_models]
     categories = list(stats[0]["uniform_mass"])
     uniform = stats[0]["uniform_mass"]
+    trained_rows = _layer_rows(stats, layers, categories, uniform)
+    initial_rows = None if initial is None else _layer_rows(initial, layers, categories, uniform)
     rows = []
     for layer in layers:
-        mass = {name: summarize([s["mass"][layer][name].mean().item() for s in stats]) for name in categories}
         rows.append(
             {
                 "layer": layer,
-                "mass": mass,
-                "lift": {
-                    name: mass[name]["mean"] / uniform[name] if uniform[name] > 0 else None for name in categories
-                },
-                "entropy_bits": summarize([s["entropy_bits"][layer].mean().item() for s in stats]),
+                **trained_rows[layer],
                 "heads": {
                     "mass": {name: stats[0]["mass"][layer][name].tolist() for name in categories},
                     "entropy_bits": stats[0]["entropy_bits"][layer].tolist(),
                 },
+                "random_init": None
+                if initial_rows is None
+                else {key: initial_rows[layer][key] for key in ("lift", "entropy_bits")},
             }
         )
+
+    def heatmap(cos: Tensor) -> list[list[float | None]]:
+        earlier = _earlier_pairs(cos.shape[0])  # [P, P]
+        return [[v if e else None for v, e in zip(row, mask)] for row, mask in zip(cos.tolist(), earlier.tolist())]
+
     return {
         "runs": len(models),
         "tunnel": tunnel.name,
@@ -186,10 +270,33 @@ def qk_sharpening(models: Sequence[SequenceModel], episodes: Sequence[Episode], 
         "uniform_mass": uniform,
         "uniform_entropy_bits": stats[0]["uniform_entropy_bits"],
         "layers": rows,
+        "authors_query_key_cosine": {
+            "definition": AUTHORS_QUERY_KEY_COSINE,
+            "layers": [
+                {
+                    "layer": layer,
+                    "mean_cos": summarize([_mean_query_key_cos(s["query_key_cos"][layer]) for s in stats]),
+                    "random_init_mean_cos": None
+                    if initial is None
+                    else summarize([_mean_query_key_cos(s["query_key_cos"][layer]) for s in initial]),
+                }
+                for layer in layers
+            ],
+            "heatmap": [
+                heatmap(stats[0]["query_key_cos"][layer]) if layer in stats[0]["query_key_cos"] else None
+                for layer in range(models[0].n_layers)
+            ],
+            "note": "the authors define no scalar and no threshold: a heat map only",
+        },
     }
 
 
 @register("qk_sharpening", needs_attention=True)
 def qk_sharpening_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 15: attention mass on the evidence and attention entropy at the supervised positions, by layer."""
-    return qk_sharpening([r.model for r in runs], diagnostic_episodes(runs), runs[0].config.tunnel)
+    return qk_sharpening(
+        [r.model for r in runs],
+        diagnostic_episodes(runs),
+        runs[0].config.tunnel,
+        initial_models=initial_models_of(runs),
+    )

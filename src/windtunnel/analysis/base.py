@@ -26,10 +26,10 @@ from torch import nn
 
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.run_config import RunConfig
-from windtunnel.runs import load_run_model
+from windtunnel.runs import build_run_model, load_run_model
 from windtunnel.tunnels import Episode
 
-__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "load_runs", "register", "scores_at", "summarize"]
+__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "initial_models_of", "load_runs", "register", "scores_at", "summarize"]
 
 Scope = Literal["seeds", "comparison"]
 
@@ -106,6 +106,13 @@ def diagnostic_episodes(runs: Sequence[Run]) -> list[Episode]:
     """The sequences the geometric diagnostics and probes of ``runs`` read: the first
     :data:`N_DIAGNOSTIC_SEQUENCES` of their configuration's fixed eval set."""
     return first_sequences(eval_set_for(runs[0].config), N_DIAGNOSTIC_SEQUENCES)
+
+
+def initial_models_of(runs: Sequence[Run]) -> list[nn.Module]:
+    """Each run's model at initialization (eval mode): rebuilt from its config's seed,
+    identical to the step-0 weights the trainer saved. The geometric analyses read the same
+    quantities off them, for the floor a trained number must clear."""
+    return [build_run_model(run.config).eval() for run in runs]
 
 
 def check_same_architecture(models: Sequence[nn.Module], what: str) -> None:

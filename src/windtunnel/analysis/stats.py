@@ -1,4 +1,4 @@
-"""Small statistics the geometric analyses share: ranks, Spearman correlation, PCA.
+"""Small statistics the geometric analyses share: ranks, Pearson and Spearman correlation, PCA.
 
 All in float64 torch (scipy is only the tests' oracle).
 """
@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["average_ranks", "pca", "spearman"]
+__all__ = ["average_ranks", "pca", "pearson", "spearman"]
 
 
 def average_ranks(x: Tensor) -> Tensor:
@@ -28,12 +28,17 @@ def average_ranks(x: Tensor) -> Tensor:
     return ranks
 
 
+def pearson(x: Tensor, y: Tensor) -> float:
+    """Pearson correlation of ``[N]`` and ``[N]`` (float64); NaN if either is constant."""
+    x, y = x.double(), y.double()
+    x, y = x - x.mean(), y - y.mean()
+    denominator = (x.square().sum() * y.square().sum()).sqrt()
+    return (x @ y / denominator).item() if denominator > 0 else math.nan
+
+
 def spearman(x: Tensor, y: Tensor) -> float:
     """Spearman rank correlation of ``[N]`` and ``[N]`` (Pearson of average ranks); NaN if either is constant."""
-    rx, ry = average_ranks(x), average_ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = (rx.square().sum() * ry.square().sum()).sqrt()
-    return (rx @ ry / denominator).item() if denominator > 0 else math.nan
+    return pearson(average_ranks(x), average_ranks(y))
 
 
 def pca(points: Tensor) -> tuple[Tensor, Tensor]:
