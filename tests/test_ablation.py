@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from windtunnel.analysis.ablation import head_ablation, layer_ablation
-from windtunnel.evaluation import EvalSet
+from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.models import build_model
 from windtunnel.tunnels import BijectionTunnel
 
@@ -86,3 +88,72 @@ def test_mismatched_runs_are_refused():
     )
     with pytest.raises(ValueError, match="differ in shape"):
         layer_ablation([tiny(0), other], EVAL_SET)
+
+
+def mae(model) -> float:
+    return evaluate(model_predictor(model), EVAL_SET, references=False)["mae_bits"]
+
+
+def without_head(model, layer: int, head: int):
+    """The oracle for a head's removal: a copy with that head's W_O columns cut out (weight
+    surgery, where the analysis masks the head's output through the trace)."""
+    cut = copy.deepcopy(model)
+    silence_heads(cut, layer, [head])
+    return cut
+
+
+def with_live_heads(heads: list[tuple[int, int]], scales: list[float]):
+    """A model whose only heads with a nonzero W_O are ``heads``, each of whose removal
+    (by the oracle) raises the error: the first random draw of weights that does so. Every
+    other head's removal changes nothing."""
+    for seed in range(100):
+        model = tiny(seed)
+        for layer in range(3):
+            silence_heads(model, layer, [0, 1])
+        generator = torch.Generator().manual_seed(seed + 1000)
+        with torch.no_grad():
+            for (layer, head), scale in zip(heads, scales):
+                model.blocks[layer].attn.proj.weight[:, head * 8 : (head + 1) * 8] = scale * torch.randn(16, 8, generator=generator)
+        intact = mae(model)
+        if all(mae(without_head(model, layer, head)) > intact + 1e-3 for layer, head in heads):
+            return model
+    raise AssertionError("no seed gives heads whose removal raises the error")
+
+
+def test_heads_are_ranked_per_run_not_by_index_across_runs():
+    # The destructive head sits at a different index in each run: each run's own ranking finds
+    # it; the grid averaged by index dilutes it to the mean of its ratio and 1.
+    a, b = with_live_heads([(2, 1)], [1.0]), with_live_heads([(0, 0)], [1.0])
+    result = head_ablation([a, b], EVAL_SET)
+    for run, (model, (layer, head)) in enumerate(zip((a, b), ((2, 1), (0, 0)))):
+        ranking = result["per_run"][run]
+        intact, ablated = mae(model), mae(without_head(model, layer, head))
+        assert (ranking["worst"]["layer"], ranking["worst"]["head"]) == (layer, head)
+        assert ranking["intact_mae_bits"] == pytest.approx(intact, rel=1e-12)
+        assert ranking["worst"]["delta_mae_bits"] == pytest.approx(ablated - intact, rel=1e-9)
+        assert ranking["worst"]["mae_ratio"] == pytest.approx(ablated / intact, rel=1e-9)
+        assert ranking["second"]["delta_mae_bits"] == pytest.approx(0.0, abs=1e-12)  # every other head is silent
+        assert ranking["top_over_second"] is None  # nothing to divide by
+    ratio_a = result["per_run"][0]["worst"]["mae_ratio"]
+    assert result["mae_ratio"][2][1] == pytest.approx((ratio_a + 1.0) / 2, rel=1e-9)
+
+
+def test_top_over_second_is_the_ratio_of_the_two_largest_rises():
+    # Two live heads of different strength in one model: the ratio of their ΔMAE, each
+    # measured by the oracle.
+    model = with_live_heads([(1, 0), (2, 0)], [1.0, 0.3])
+    ranking = head_ablation([model], EVAL_SET)["per_run"][0]
+    intact = mae(model)
+    deltas = {(layer, head): mae(without_head(model, layer, head)) - intact for layer, head in ((1, 0), (2, 0))}
+    (top, d_top), (second, d_second) = sorted(deltas.items(), key=lambda kv: -kv[1])
+    assert (ranking["worst"]["layer"], ranking["worst"]["head"]) == top
+    assert (ranking["second"]["layer"], ranking["second"]["head"]) == second
+    assert ranking["top_over_second"] == pytest.approx(d_top / d_second, rel=1e-9)
+
+
+def test_an_identity_layer_has_ratio_one_on_every_metric():
+    model = tiny(0)
+    silence_layer(model, 1)
+    row = layer_ablation([model], EVAL_SET)["layers"][1]
+    assert {name: ratio["mean"] for name, ratio in row["ratios"].items()} == {
+        "mae_aggregate_bits": 1.0, "mae_bits": 1.0, "kl_bits": 1.0}

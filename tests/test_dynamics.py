@@ -23,10 +23,11 @@ from windtunnel.analysis.dynamics import (
 from windtunnel.analysis.stats import average_ranks, pca, spearman
 from windtunnel.evaluation import evaluate, model_predictor
 from windtunnel.models import run_with_trace
+from windtunnel.report.claims import evaluate_claims
 from windtunnel.report.figures import FIGURES
 from windtunnel.run_config import run_config_from_mapping
 from windtunnel.runs import build_run_model
-from windtunnel.training.checkpoint import list_snapshots, load_snapshot
+from windtunnel.training.checkpoint import list_snapshots, load_snapshot, save_snapshot, snapshot_steps
 from windtunnel.training.trainer import train
 
 TRAIN = {"steps": 12, "batch_size": 32, "eval_every": 0, "checkpoint_every": 0, "log_every": 4}
@@ -161,3 +162,77 @@ def test_registered_analysis_and_figure(trained, tmp_path, name):
     FIGURES["training_dynamics"](result, path)
     pixels = image.imread(path)
     assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.std() > 0
+
+
+# --- the numbers the dissociation claim reads, on constructed snapshots --------------------
+
+
+def constant_snapshot(config, *, peaked: bool, distribution: list[float], seed: int):
+    """A model that predicts ``distribution`` everywhere (head weights zero, its bias log q)
+    and whose attention is uniform over the causal keys (W_Q = W_K = 0), or, with ``peaked``,
+    sharply peaked (large random W_Q, W_K reading random token embeddings). No block writes
+    to the residual stream, so the attention never changes the predictions."""
+    model = build_run_model(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.proj.weight.zero_()
+            block.mlp.fc_out.weight.zero_()
+            block.mlp.fc_out.bias.zero_()
+            block.attn.qkv.weight.zero_()
+            if peaked:
+                d = model.d_model
+                block.attn.qkv.weight[: 2 * d] = 8.0 * torch.randn(2 * d, d, generator=generator)
+        model.token_embed.weight.copy_(torch.randn(model.token_embed.weight.shape, generator=generator))
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor(distribution).log())
+    return model
+
+
+def test_stabilization_fraction_and_the_fall_after_it_against_closed_forms(tmp_path):
+    # Log-spaced snapshots (0, 1, 2, 5, 10, 22, 46, 100, 215, 464, 1000): the attention is
+    # peaked up to step 100 and uniform from 215 on, as in the final model; the predictions
+    # are a sharp constant up to 215 and a broad one at 464 and 1000.
+    config = run_config_from_mapping(TRANSFORMER)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config.to_json())
+    steps = snapshot_steps(1000, 3)
+    assert steps == [0, 1, 2, 5, 10, 22, 46, 100, 215, 464, 1000]
+    sharp, broad = [0.9, 0.04, 0.03, 0.01, 0.01, 0.01], [0.3, 0.2, 0.2, 0.1, 0.1, 0.1]
+    for i, step in enumerate(steps):
+        model = constant_snapshot(config, peaked=step <= 100, distribution=sharp if step <= 215 else broad, seed=i)
+        save_snapshot(run_dir, model, step, {})
+    result = training_dynamics(run_dir, n_sequences=64)
+
+    assert result["stabilization_step"] == 215 and result["stabilization_fraction"] == pytest.approx(0.215)
+    assert min(result["attention_jsd_bits"][:8]) > result["jsd_threshold_bits"]  # the peaked ones are far from uniform
+    assert result["attention_jsd_bits"][8:] == pytest.approx([0.0, 0.0, 0.0], abs=1e-12)
+
+    # Closed forms of a constant predictor q on the same sequences, in numpy.
+    posterior = np.concatenate([e.posterior.numpy() for e in eval_set_for(config, n=64).episodes])  # [N, P, C]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h_bayes = -np.where(posterior > 0, posterior * np.log2(posterior), 0.0).sum(-1)  # [N, P]
+
+    def errors(q):
+        q = np.asarray(q)
+        h_q = -(q * np.log2(q)).sum()
+        kl = np.where(posterior > 0, posterior * np.log2(np.where(posterior > 0, posterior, 1.0) / q), 0.0).sum(-1)
+        return {"mae_aggregate_bits": np.abs(h_q - h_bayes.mean(0)).mean(), "mae_bits": np.abs(h_q - h_bayes).mean(),
+                "kl_bits": kl.mean()}
+
+    at, end = errors(sharp), errors(broad)
+    for metric in ("mae_aggregate_bits", "mae_bits", "kl_bits"):
+        # float32 logits of log q reproduce q to ~1e-7 relative
+        assert result["at_stabilization"][metric] == pytest.approx(at[metric], rel=1e-5), metric
+        assert result["final"][metric] == pytest.approx(end[metric], rel=1e-5), metric
+        assert result["ratio_stabilization_to_final"][metric] == pytest.approx(at[metric] / end[metric], rel=1e-5)
+    assert result["mae_ratio_stabilization_to_final"] == result["ratio_stabilization_to_final"]["mae_bits"]
+
+    # The claim reads the bijection's metric, the aggregate error, there and at the end.
+    verdict = {v.claim.key: v for v in evaluate_claims({"bijection_transformer": {"training_dynamics": result}})}
+    measured = verdict["dissociation"].measured.values
+    assert measured == {"fraction": pytest.approx(0.215), "ratio": pytest.approx(at["mae_aggregate_bits"] / end["mae_aggregate_bits"])}
+    # aggregate error 1.22 bits at step 215 against 0.60 at the end (worked out from the exact
+    # entropies log2(6..2)): 2.03x lower after settling at 21.5% of training
+    assert measured["ratio"] == pytest.approx(2.03, abs=0.005) and verdict["dissociation"].holds is True

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from windtunnel.analysis import ANALYSES, Run, eval_set_for
+from windtunnel.analysis.generalization import boundary_step
 from windtunnel.analysis.runner import analyze_runs
 from windtunnel.config import ConfigError
 from windtunnel.run_config import run_config_from_mapping
@@ -50,7 +51,13 @@ def closed_form(run: Run, distribution: list[float], horizon: int) -> dict[str, 
     with np.errstate(divide="ignore", invalid="ignore"):
         h_bayes = -np.where(posterior > 0, posterior * np.log2(posterior), 0.0).sum(-1)  # [N, P]
         kl = np.where(posterior > 0, posterior * np.log2(posterior / q), 0.0).sum(-1)
-    return {"abs_error_curve": np.abs(h_q - h_bayes).mean(0), "mae_bits": np.abs(h_q - h_bayes).mean(), "kl_bits": kl.mean()}
+    return {
+        "abs_error_curve": np.abs(h_q - h_bayes).mean(0),
+        "kl_curve": kl.mean(0),
+        "mae_bits": np.abs(h_q - h_bayes).mean(),
+        "mae_aggregate_bits": np.abs(h_q - h_bayes.mean(0)).mean(),
+        "kl_bits": kl.mean(),
+    }
 
 
 UNIFORM = [1 / 3] * 3
@@ -74,6 +81,34 @@ def test_length_generalization_matches_the_closed_form_at_each_horizon():
     assert beyond["beyond_training_mae_bits"] == pytest.approx(curve[4:].mean(), rel=1e-5)
     assert beyond["within_training_mae_bits"] == pytest.approx(curve[:4].mean(), rel=1e-5)
     assert beyond["jump_at_training_horizon"] == pytest.approx(curve[4:7].mean() / curve[:4].mean(), rel=1e-5)
+    for metric, curve in (("mae_bits", expected["abs_error_curve"]), ("kl_bits", expected["kl_curve"])):
+        row = beyond["beyond"][metric]
+        assert row["within_training"] == pytest.approx(curve[:4].mean(), rel=1e-5)
+        assert row["beyond_training"] == pytest.approx(curve[4:].mean(), rel=1e-5)
+        steps = np.diff(curve)  # steps[i]: t = i + 1 -> i + 2; the boundary t = 4 -> 5 is steps[3]
+        assert row["boundary"]["step"] == pytest.approx(steps[3], rel=1e-4, abs=1e-9)
+        assert row["boundary"]["largest_neighbor_step"] == pytest.approx(np.abs(np.r_[steps[:3], steps[4:]]).max(), rel=1e-4)
+    assert result["tunnel"] == {"name": "hmm", **{k: v for k, v in run.config.to_mapping()["tunnel"].items() if k != "name"}}
+
+
+def test_the_boundary_step_tells_a_break_from_a_drift():
+    K = 20
+    flat = [0.001] * K
+    ramp = flat + [0.001 + 0.004 * i for i in range(1, 31)]  # drifts upward from t = K on, steadily
+    jump = flat + [0.05 + 0.004 * i for i in range(30)]  # a step of 0.049 at t = K -> K + 1, then the same drift
+    drift = boundary_step(ramp, K)
+    assert drift["step"] == pytest.approx(0.004) and drift["largest_neighbor_step"] == pytest.approx(0.004)
+    assert drift["ratio"] == pytest.approx(1.0)
+    broken = boundary_step(jump, K)
+    assert broken["step"] == pytest.approx(0.049) and broken["ratio"] == pytest.approx(0.049 / 0.004)
+    # Neighbors: the 5 steps into t = K, the 5 steps after t = K + 1; a wider window reaches further.
+    noisy = [0.0] * 10 + [0.0, 0.0, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0, 0.0] + [0.0, 0.03, 0.0, 0.0, 0.0, 0.0, 0.0, 0.2]
+    # positions 15 (0.01), 22 (0.03) and 28 (0.2, outside the window): largest |step| nearby is 0.03
+    assert boundary_step(noisy, K)["largest_neighbor_step"] == pytest.approx(0.03)
+    assert boundary_step(noisy, K, window=8)["largest_neighbor_step"] == pytest.approx(0.2)
+    assert boundary_step(flat + flat, K)["ratio"] is None  # nothing moves: no ratio
+    with pytest.raises(ValueError, match="does not extend past"):
+        boundary_step(flat, K)
 
 
 def test_a_predictor_blind_to_the_header_is_exactly_relabeling_invariant():
@@ -113,8 +148,11 @@ def test_late_attention_factor_is_the_ratio_of_the_two_models_errors():
     result = ANALYSES["late_attention"].compute([full, late])
     assert result["no_attention_layers"] == [1]
     for horizon in (4, 7):
-        expected = closed_form(late, UNIFORM, horizon)["kl_bits"] / closed_form(full, SKEWED, horizon)["kl_bits"]
-        assert result["horizons"][str(horizon)]["kl_factor"] == pytest.approx(expected, rel=1e-5)
+        variant, reference = closed_form(late, UNIFORM, horizon), closed_form(full, SKEWED, horizon)
+        row = result["horizons"][str(horizon)]
+        for metric in ("mae_aggregate_bits", "mae_bits", "kl_bits"):
+            assert row["factors"][metric] == pytest.approx(variant[metric] / reference[metric], rel=1e-5), metric
+        assert row["kl_factor"] == row["factors"]["kl_bits"] and row["mae_factor"] == row["factors"]["mae_bits"]
 
 
 def test_seeds_spread_and_gap_to_the_mlp():
@@ -130,6 +168,14 @@ def test_seeds_spread_and_gap_to_the_mlp():
     assert row["spread_bits"] == pytest.approx(abs(a - b), rel=1e-4)
     assert row["gap_to_mlp_bits"] == pytest.approx(m - (a + b) / 2, rel=1e-4)
     assert row["gap_over_spread"] == pytest.approx((m - (a + b) / 2) / abs(a - b), rel=1e-3)
+    # The same for every metric (the claim reads the paper's metric of the tunnel).
+    for metric in ("mae_aggregate_bits", "mae_bits", "kl_bits"):
+        a, b = closed_form(seed0, SKEWED, 4)[metric], closed_form(seed1, [0.5, 0.3, 0.2], 4)[metric]
+        m = closed_form(mlp, UNIFORM, 4)[metric]
+        stats = row["metrics"][metric]
+        assert stats["mean"] == pytest.approx((a + b) / 2, rel=1e-5) and stats["spread"] == pytest.approx(abs(a - b), rel=1e-4)
+        assert stats["mlp"] == pytest.approx(m, rel=1e-5) and stats["gap_to_mlp"] == pytest.approx(m - (a + b) / 2, rel=1e-4)
+        assert stats["gap_over_spread"] == pytest.approx((m - (a + b) / 2) / abs(a - b), rel=1e-3)
 
 
 def test_which_analyses_apply(tmp_path):

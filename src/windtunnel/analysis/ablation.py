@@ -24,7 +24,6 @@ from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 __all__ = ["head_ablation", "layer_ablation"]
 
 
-
 def _scores(model: nn.Module, eval_set: EvalSet, interventions: Mapping[str, Any] | None = None) -> dict[str, float]:
     result = evaluate(model_predictor(model, interventions=interventions), eval_set, references=False)
     return {name: result[name] for name in _METRICS}
@@ -32,13 +31,12 @@ def _scores(model: nn.Module, eval_set: EvalSet, interventions: Mapping[str, Any
 
 def _ablate(models: Sequence[nn.Module], eval_set: EvalSet, interventions: Mapping[str, Any], intact: list[dict]) -> dict[str, Any]:
     ablated = [_scores(model, eval_set, interventions) for model in models]
-    row: dict[str, Any] = {}
-    for name in _METRICS:
-        row[name] = summarize([a[name] for a in ablated])
+    row: dict[str, Any] = {name: summarize([a[name] for a in ablated]) for name in _METRICS}
     # Ratios are taken per run, then averaged: each seed is compared with itself.
-    mae_ratio = summarize([a["mae_bits"] / i["mae_bits"] for a, i in zip(ablated, intact)])
-    row["mae_ratio"], row["mae_ratio_std"] = mae_ratio["mean"], mae_ratio["std"]
-    row["kl_ratio"] = summarize([a["kl_bits"] / i["kl_bits"] for a, i in zip(ablated, intact)])["mean"]
+    row["ratios"] = {name: summarize([a[name] / i[name] for a, i in zip(ablated, intact)]) for name in _METRICS}
+    row["mae_ratio"], row["mae_ratio_std"] = row["ratios"]["mae_bits"]["mean"], row["ratios"]["mae_bits"]["std"]
+    row["kl_ratio"] = row["ratios"]["kl_bits"]["mean"]
+    row["per_run"] = ablated
     return row
 
 
@@ -47,7 +45,9 @@ def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, 
 
     Returns:
         ``intact`` (metrics averaged over runs), and ``layers``: for each layer its metrics
-        (mean and spread over runs) and ``mae_ratio``/``kl_ratio`` to the intact model.
+        (mean and spread over runs), ``ratios`` to the intact model per metric (each run
+        against itself, then mean and spread), ``mae_ratio``/``kl_ratio`` (their means) and
+        ``per_run`` (each run's ablated metrics).
     """
     check_same_architecture(models, "ablation")
     intact = [_scores(model, eval_set) for model in models]
@@ -66,8 +66,12 @@ def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, A
 
     Returns:
         ``intact``, ``heads`` (one row per head with its metrics and ratios), ``mae_ratio``
-        as a ``[layer][head]`` grid (None where a layer has no attention), and
-        ``most_destructive``: the head whose removal raises ``mae_bits`` most.
+        as a ``[layer][head]`` grid of ratios averaged over runs by head index (None where a
+        layer has no attention; for the figure), ``most_destructive``: the head of that grid
+        whose removal raises ``mae_bits`` most, and ``per_run``: each run's own ranking
+        (``worst`` and ``second`` head with ``delta_mae_bits`` and ``mae_ratio``, and
+        ``top_over_second``: the worst head's ΔMAE over the second's, None when the second's
+        is not positive).
     """
     check_same_architecture(models, "ablation")
     heads_by_layer = models[0].attention_heads
@@ -89,7 +93,30 @@ def head_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, A
         "heads": rows,
         "mae_ratio": grid,
         "most_destructive": {"layer": worst["layer"], "head": worst["head"], "mae_ratio": worst["mae_ratio"]},
+        "per_run": [_ranking(rows, run, intact[run]) for run in range(len(models))],
     }
+
+
+def _ranking(rows: Sequence[dict[str, Any]], run: int, intact: Mapping[str, float]) -> dict[str, Any]:
+    """One run's heads ranked by how much their removal raises its ``mae_bits`` (the authors'
+    later protocol: ΔMAE per head, the top against the second). Heads do not line up across
+    seeds, so the ranking is per run, never by head index over runs."""
+
+    def entry(row: Mapping[str, Any]) -> dict[str, Any]:
+        ablated = row["per_run"][run]["mae_bits"]
+        return {
+            "layer": row["layer"],
+            "head": row["head"],
+            "delta_mae_bits": ablated - intact["mae_bits"],
+            "mae_ratio": ablated / intact["mae_bits"],
+        }
+
+    ranked = sorted((entry(row) for row in rows), key=lambda e: -e["delta_mae_bits"])
+    top, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+    top_over_second = None
+    if second is not None and second["delta_mae_bits"] > 0:
+        top_over_second = top["delta_mae_bits"] / second["delta_mae_bits"]
+    return {"intact_mae_bits": intact["mae_bits"], "worst": top, "second": second, "top_over_second": top_over_second}
 
 
 @register("layer_ablation")

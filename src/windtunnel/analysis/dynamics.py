@@ -156,7 +156,8 @@ def training_dynamics(
           step over ``reference_step``;
         - ``mae_bits_at_stabilization``, ``mae_bits_final``, and their ratio
           ``mae_ratio_stabilization_to_final`` (above 1: precision keeps improving after the
-          frame has settled); ``pc1_variance_explained_at_stabilization`` and
+          frame has settled); the same for every metric in ``at_stabilization``, ``final`` and
+          ``ratio_stabilization_to_final``; ``pc1_variance_explained_at_stabilization`` and
           ``pc1_entropy_spearman_abs_at_stabilization`` likewise (None without a stabilization step).
     """
     run_dir = Path(run_dir)
@@ -221,6 +222,11 @@ def training_dynamics(
         "mae_ratio_stabilization_to_final": (
             stable["mae_bits"] / final["mae_bits"] if stable and final["mae_bits"] else None
         ),
+        "at_stabilization": {name: stable[name] for name in METRICS} if stable else None,
+        "final": {name: final[name] for name in METRICS},
+        "ratio_stabilization_to_final": {
+            name: stable[name] / final[name] if final[name] else None for name in METRICS
+        } if stable else None,
         "pc1_variance_explained_at_stabilization": stable["pc1_variance_explained"] if stable else None,
         "pc1_entropy_spearman_abs_at_stabilization": stable["pc1_entropy_spearman_abs"] if stable else None,
     })

@@ -65,18 +65,49 @@ def _mean_over(curve: Sequence[float], start: int, stop: int) -> float | None:
     return sum(window) / len(window) if window else None
 
 
+#: Positions on each side of the training horizon whose steps the boundary step is compared with.
+BOUNDARY_WINDOW = 5
+
+#: The per-position curve of each metric (``evaluation.score``'s ``curves``).
+METRIC_CURVES = {"mae_bits": "abs_error_bits", "kl_bits": "kl_bits"}
+
+
+def boundary_step(curve: Sequence[float], trained: int, window: int = BOUNDARY_WINDOW) -> dict[str, float | None]:
+    """How the error changes across the training horizon, against how it changes nearby.
+
+    ``curve[i]`` is the error at position ``t = i + 1``. The boundary step is
+    ``curve(K + 1) - curve(K)``; its neighbors are the steps between consecutive positions
+    among the ``window`` positions before ``K`` and the ``window`` after ``K + 1``. A break
+    at the horizon is a boundary step far larger than any neighbor; a smooth drift (even
+    one that starts at ``K``) has a boundary step like the steps after it.
+
+    Returns:
+        ``step``, ``largest_neighbor_step`` (the largest |step| among the neighbors) and
+        ``ratio`` (step over it; None when there is no neighbor or it is 0).
+    """
+    steps = [b - a for a, b in zip(curve[:-1], curve[1:])]  # steps[i]: t = i + 1 -> i + 2
+    if trained < 1 or trained >= len(curve):
+        raise ValueError(f"the curve of {len(curve)} positions does not extend past the training horizon {trained}")
+    neighbors = steps[max(trained - 1 - window, 0) : trained - 1] + steps[trained : trained + window]
+    largest = max((abs(x) for x in neighbors), default=0.0)
+    step = steps[trained - 1]
+    return {"step": step, "largest_neighbor_step": largest, "ratio": step / largest if largest > 0 else None}
+
+
 @register("length_generalization")
 def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 6: per-position error at each evaluation horizon, the training horizon marked.
 
     Returns:
-        ``training_horizon``; ``horizons``: for each horizon (a string key), the metrics
-        (``mean``/``std`` over runs), ``per_run`` metrics, the ``prior`` row, the
-        run-averaged ``curves`` (position t = index + 1), and, for horizons beyond
-        training, ``within_training_mae_bits`` / ``beyond_training_mae_bits`` (mean
-        per-position error for t <= and t > the training horizon) and
-        ``jump_at_training_horizon``: the mean error over the 5 positions after the
-        training horizon divided by that over the 5 before (≈ 1: no break there).
+        ``model``, ``tunnel`` (its parameters), ``training_horizon``; ``horizons``: for each
+        horizon (a string key), the metrics (``mean``/``std`` over runs), ``per_run``
+        metrics, the ``prior`` row, the run-averaged ``curves`` (position t = index + 1),
+        and, for horizons beyond training: per metric with a curve (``mae_bits``,
+        ``kl_bits``) in ``beyond``: ``within_training`` and ``beyond_training`` (mean
+        per-position error for t <= and t > the training horizon) and ``boundary``
+        (:func:`boundary_step`); and, as before, ``within_training_mae_bits``,
+        ``beyond_training_mae_bits`` and ``jump_at_training_horizon`` (mean |ΔH| over the
+        5 positions after the training horizon over that of the 5 before).
     """
     config = runs[0].config
     trained = config.tunnel.horizon
@@ -89,8 +120,22 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
             summary["within_training_mae_bits"] = _mean_over(curve, 0, trained)
             summary["beyond_training_mae_bits"] = _mean_over(curve, trained, horizon)
             summary["jump_at_training_horizon"] = after / before if before else None
+            summary["beyond"] = {
+                metric: {
+                    "within_training": _mean_over(summary["curves"][name], 0, trained),
+                    "beyond_training": _mean_over(summary["curves"][name], trained, horizon),
+                    "boundary": boundary_step(summary["curves"][name], trained),
+                }
+                for metric, name in METRIC_CURVES.items()
+            }
         horizons[str(horizon)] = summary
-    return {"model": runs[0].configuration, "n_runs": len(runs), "training_horizon": trained, "horizons": horizons}
+    return {
+        "model": runs[0].configuration,
+        "tunnel": config.to_mapping()["tunnel"],
+        "n_runs": len(runs),
+        "training_horizon": trained,
+        "horizons": horizons,
+    }
 
 
 def _has_relabel(runs: Sequence[Run]) -> str | None:
@@ -147,7 +192,7 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
     """Table 1 and Fig 10: every model at every horizon, and its per-position error.
 
     Returns:
-        ``horizons``; ``models``: for each configuration, ``n_runs`` and per horizon its
+        ``tunnel`` (its parameters), ``horizons``; ``models``: for each configuration, ``n_runs`` and per horizon its
         metrics, prior row and curves (as in ``length_generalization``); ``ratios``: for
         each configuration other than the full transformer, its ``mae_bits`` and
         ``kl_bits`` divided by the transformer's, per horizon; ``markdown``: Table 1.
@@ -172,6 +217,7 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
                 for h in horizons
             }
     return {
+        "tunnel": runs[0].config.to_mapping()["tunnel"],
         "horizons": list(horizons),
         "training_horizon": runs[0].config.tunnel.horizon,
         "reference": reference,
@@ -212,7 +258,8 @@ def late_attention(runs: Sequence[Run]) -> dict[str, Any]:
     Returns:
         ``no_attention_layers``; ``horizons``: for each, the ``full`` and ``variant``
         summaries (metrics mean/std over seeds, curves) and the degradation factors
-        ``mae_factor`` and ``kl_factor`` (variant / full, ratio of seed means).
+        ``factors`` per metric (variant / full, ratio of seed means), also as
+        ``mae_factor`` and ``kl_factor``.
     """
     full = [r for r in runs if _is_full_transformer(r)]
     variant = [r for r in runs if _is_late_attention_off(r)]
@@ -220,11 +267,13 @@ def late_attention(runs: Sequence[Run]) -> dict[str, Any]:
     horizons = {}
     for h in runs[0].config.horizons:
         a, b = _horizon_summary(full, h), _horizon_summary(variant, h)
+        factors = {metric: b[metric]["mean"] / a[metric]["mean"] for metric in METRICS}
         horizons[str(h)] = {
             "full": a,
             "variant": b,
-            "mae_factor": b["mae_bits"]["mean"] / a["mae_bits"]["mean"],
-            "kl_factor": b["kl_bits"]["mean"] / a["kl_bits"]["mean"],
+            "factors": factors,
+            "mae_factor": factors["mae_bits"],
+            "kl_factor": factors["kl_bits"],
         }
     return {
         "full": full[0].configuration,
@@ -252,8 +301,11 @@ def seeds(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 11: per-position error of every seed overlaid; spread between seeds vs the MLP gap.
 
     Returns:
-        ``model`` and ``seeds``; ``horizons``: for each, ``per_seed`` (``seed``,
-        ``mae_bits``, ``kl_bits``, curve ``abs_error_bits``), ``mae_bits`` mean/std,
+        ``model`` and ``seeds``; ``horizons``: for each, ``per_seed`` (``seed``, every
+        metric, curve ``abs_error_bits``), ``metrics``: per metric its ``mean``, ``std``,
+        ``spread`` (max − min over seeds) and, with an MLP control, ``mlp``,
+        ``gap_to_mlp`` and ``gap_over_spread``; the same for ``mae_bits`` as
+        ``mae_bits`` mean/std,
         ``spread_bits`` (max − min ``mae_bits`` over seeds), ``curve_std_bits`` (the
         between-seed std of the per-position error, averaged over positions), and when an
         MLP control is among the runs: ``mlp`` (its mean ``mae_bits`` and curve),
@@ -269,15 +321,24 @@ def seeds(runs: Sequence[Run]) -> dict[str, Any]:
         maes = [s["mae_bits"] for s in scores]
         entry: dict[str, Any] = {
             "per_seed": [
-                {"seed": run.config.train.seed, "mae_bits": s["mae_bits"], "kl_bits": s["kl_bits"], "abs_error_bits": s["curves"]["abs_error_bits"]}
+                {"seed": run.config.train.seed, **{m: s[m] for m in METRICS}, "abs_error_bits": s["curves"]["abs_error_bits"]}
                 for run, s in zip(group, scores)
             ],
             "mae_bits": summarize(maes),
             "spread_bits": max(maes) - min(maes),
             "curve_std_bits": curves.std(0, unbiased=False).mean().item(),
         }
-        if mlp:
-            mlp_summary = _horizon_summary(mlp, h)
+        mlp_summary = _horizon_summary(mlp, h) if mlp else None
+        entry["metrics"] = {}
+        for metric in METRICS:
+            values = [s[metric] for s in scores]
+            stats: dict[str, Any] = {**summarize(values), "spread": max(values) - min(values)}
+            if mlp_summary is not None:
+                stats["mlp"] = mlp_summary[metric]["mean"]
+                stats["gap_to_mlp"] = stats["mlp"] - stats["mean"]
+                stats["gap_over_spread"] = stats["gap_to_mlp"] / stats["spread"] if stats["spread"] > 0 else None
+            entry["metrics"][metric] = stats
+        if mlp_summary is not None:
             gap = mlp_summary["mae_bits"]["mean"] - entry["mae_bits"]["mean"]
             entry["mlp"] = {"mae_bits": mlp_summary["mae_bits"]["mean"], "abs_error_bits": mlp_summary["curves"]["abs_error_bits"]}
             entry["gap_to_mlp_bits"] = gap
