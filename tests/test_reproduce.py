@@ -13,9 +13,9 @@ import pytest
 from matplotlib import image
 
 from windtunnel.cli import main
-from windtunnel.report.build import FIGURE_PLAN
-from windtunnel.report.claims import CLAIMS
-from windtunnel.reproduce import GROUPS, PRESETS, SCALES, plan_analyses, plan_runs
+from windtunnel.report.build import FIGURE_PLAN, INIT_DIR, load_results
+from windtunnel.report.claims import CLAIMS, evaluate_claims
+from windtunnel.reproduce import GROUPS, PRESET_NAMES, SCALES, plan_analyses, plan_runs
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +62,27 @@ def tiny(tmp_path_factory):
 def test_every_run_and_analysis_group_is_there(tiny):
     for job in plan_runs(SCALES["tiny"], tiny):
         assert (job.run_dir / "resume.safetensors").is_file(), job.name
-    assert {job.name.rsplit("_seed", 1)[0] for job in plan_runs(SCALES["tiny"], tiny)} == set(PRESETS)
-    for group in ("bijection_transformer", "bijection", "hmm_transformer", "hmm"):
+    # The tiny scale leaves out the floored transformers; their MLP twin is trained.
+    trained = {job.name.rsplit("_seed", 1)[0] for job in plan_runs(SCALES["tiny"], tiny)}
+    assert trained == set(PRESET_NAMES) - {"hmm_transformer_floor", "hmm_late_attention_off_floor"}
+    for group in ("bijection_transformer", "bijection", "bijection_with_replacement", "hmm_transformer", "hmm", "hmm_floor"):
         assert list((tiny / "analysis" / group).glob("*.json")), group
+        assert list((tiny / INIT_DIR / group).glob("*.json")), group
+    # A comparison group with one model trained gets its per-position analysis instead of Table 1.
+    assert [p.stem for p in (tiny / "analysis" / "hmm_floor").glob("*.json")] == ["length_generalization"]
+    floored = json.loads((tiny / "analysis" / "hmm_floor" / "length_generalization.json").read_text())
+    assert floored["model"] == "mlp" and floored["tunnel"]["floor"] == 0.05 and floored["tunnel"]["grid"] == 0.01
+    # Training histories are not analyzed at initialization.
+    assert not (tiny / INIT_DIR / "bijection_transformer" / "training_dynamics.json").exists()
+    assert json.loads((tiny / "reproduce.json").read_text())["stage"] == "done"
+
+
+def test_random_init_passes_no_claim(tiny):
+    """The same analyses of every run's initial weights: each claim fails there, or cannot be
+    evaluated (the training history of the dissociation claim) — never holds."""
+    verdicts = {v.claim.key: v for v in evaluate_claims(load_results(tiny, INIT_DIR))}
+    assert {key for key, v in verdicts.items() if v.holds is None} == {"dissociation"}
+    assert not [key for key, v in verdicts.items() if v.holds], {k: v.ours for k, v in verdicts.items() if v.holds}
     assert json.loads((tiny / "reproduce.json").read_text())["stage"] == "done"
 
 
@@ -82,7 +100,10 @@ def test_report_lists_every_figure_and_claim(tiny):
     assert [row[0] for row in claim_rows] == [c.claim for c in CLAIMS]
     # Every claim was measured (its analysis ran); at tiny scale many do not hold, which is fine.
     assert all(row[-1] in ("yes", "no") for row in claim_rows), [row for row in claim_rows if row[-1] not in ("yes", "no")]
-    assert all(row[3] == "tiny" for row in claim_rows)
+    header = next(row for row in page.rows if row and row[0] == "claim")
+    assert header[2] == "paper passes?" and header[5] == "random init (holds?)" and "tiny" in header[3]
+    paper = {c.claim: c.paper_holds() for c in CLAIMS}
+    assert all(row[2] == {True: "yes", False: "no", None: "n/a"}[paper[row[0]]] for row in claim_rows)
     markdown = (tiny / "report" / "report.md").read_text()
     unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
     assert all(claim.claim in unescaped for claim in CLAIMS)
@@ -111,7 +132,7 @@ def test_the_report_renders_in_a_real_browser(tiny, tmp_path):
 def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):
     before = {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")}
     assert main(["reproduce", "--scale", "tiny", "--out", str(tiny), "--resume"]) == 0
-    assert "all 7 runs already done" in capsys.readouterr().err
+    assert f"all {len(plan_runs(SCALES['tiny'], tiny))} runs already done" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")} == before
     assert main(["reproduce", "--scale", "tiny", "--out", str(tiny)]) == 2
     assert "continue that reproduction with --resume" in capsys.readouterr().err
@@ -131,9 +152,17 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     seeds = {name: config.train.seed for name, config in configs.items()}
     assert seeds["bijection_transformer_seed2"] == 2
     if scale == "paper":
-        assert {name for name in configs if name.startswith("hmm_transformer")} == {f"hmm_transformer_seed{s}" for s in range(5)}
+        assert {name for name in configs if name.startswith("hmm_transformer_seed")} == {f"hmm_transformer_seed{s}" for s in range(5)}
         assert all(config.train.steps >= 100_000 for config in configs.values())
-    # The CPU scale cuts the with-replacement run (Fig 2), so its analysis group is not planned.
+    # The CPU scale cuts the with-replacement transformer (Fig 2), so its analysis group is not planned.
     planned = {group.name for group, _ in plan_analyses(jobs)}
-    cut = {"bijection_replacement"} if scale == "cpu" else set()
+    cut = {"bijection_replacement_transformer"} if scale == "cpu" else set()
     assert planned == {group.name for group in GROUPS} - cut
+    # The authors' task variants: twins of the presets, on their sampling.
+    twin = configs["hmm_mlp_floor_seed0"].tunnel
+    assert (twin.floor, twin.grid) == (0.05, 0.01)
+    assert configs["bijection_replacement_mlp_seed0"].tunnel.with_replacement
+    assert configs["bijection_replacement_mlp_seed0"].tunnel.L == 19
+    floored = {name for name in configs if name.endswith("floor_seed0")}
+    assert floored == ({"hmm_mlp_floor_seed0"} if scale == "cpu" else
+                       {"hmm_transformer_floor_seed0", "hmm_mlp_floor_seed0", "hmm_late_attention_off_floor_seed0"})

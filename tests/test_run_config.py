@@ -32,7 +32,7 @@ def test_paper_presets_follow_the_paper_protocol():
             assert (t.lr, t.schedule, t.warmup_steps) == (3e-4, "cosine", 1000)
             assert config.horizons == (20, 30, 50) and config.max_len == 100
     replacement = load_run_config(CONFIGS / "paper" / "bijection_replacement_transformer.toml")
-    assert replacement.tunnel == BijectionTunnel(V=20, L=30, with_replacement=True)
+    assert replacement.tunnel == BijectionTunnel(V=20, L=19, with_replacement=True)
     late = load_run_config(CONFIGS / "paper" / "hmm_late_attention_off.toml").model
     assert late == TransformerConfig(n_layers=9, n_heads=8, d_model=256, d_mlp=1024, no_attention_layers=(7, 8))
 
