@@ -385,3 +385,20 @@ def test_dissociation_reads_the_aggregate_error_at_settling_and_at_the_end():
     assert got.measured.values == {"fraction": 0.11, "ratio": 1.9} and got.holds is False  # mae_bits' 40x is not the paper's metric
     never = {**result, "stabilization_step": None, "stabilization_fraction": None}
     assert verdicts({"bijection_transformer": {"training_dynamics": never}})["dissociation"].holds is False
+
+
+def test_hmm_transformer_rows_prefer_the_floored_twin_and_name_its_variant():
+    # The paper scale trains a floored twin of the HMM transformer: the per-position,
+    # relabeling and layer-ablation rows are judged on it, named for its variant.
+    ours = {**generalization(3.0, 0.004, 0.05), "tunnel": OURS_HMM}
+    floored = {**generalization(1.5, 0.004, 0.05), "tunnel": AUTHORS_HMM}
+    got = verdicts({"hmm_transformer": {"length_generalization": ours}})["no_break"]
+    assert got.holds is False and "(no floor, grid 0.05)" in got.ours
+    got = verdicts({"hmm_transformer": {"length_generalization": ours},
+                    "hmm_transformer_floor": {"length_generalization": floored}})["no_break"]
+    assert got.holds is True and "(floor 0.05, grid 0.01)" in got.ours
+    bijection = layers([{"mae_aggregate_bits": 50.0}])
+    hmm, hmm_floored = layers([{"kl_bits": 9.0}]), {**layers([{"kl_bits": 30.0}]), "tunnel": AUTHORS_HMM}
+    got = verdicts({"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm},
+                    "hmm_transformer_floor": {"layer_ablation": hmm_floored}})["layer_ablation"]
+    assert got.measured.values == {"min_ratio": 30.0} and "hmm (floor 0.05, grid 0.01) kl_bits 30x" in got.ours

@@ -262,6 +262,7 @@ GROUPS = (
     AnalysisGroup("hmm_transformer", ("hmm_transformer",)),
     AnalysisGroup("hmm_mlp", ("hmm_mlp",), ("calibration", "value_manifold", "linear_probes")),
     AnalysisGroup("hmm", ("hmm_transformer", "hmm_mlp", "hmm_late_attention_off"), ("model_comparison", "late_attention", "seeds")),
+    AnalysisGroup("hmm_transformer_floor", ("hmm_transformer_floor",), ("layer_ablation", "length_generalization", "relabeling")),
     AnalysisGroup(
         "hmm_floor",
         ("hmm_transformer_floor", "hmm_mlp_floor", "hmm_late_attention_off_floor"),

@@ -99,7 +99,7 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 6: per-position error at each evaluation horizon, the training horizon marked.
 
     Returns:
-        ``model``, ``tunnel`` (its parameters), ``training_horizon``; ``horizons``: for each
+        ``model``, ``training_horizon``; ``horizons``: for each
         horizon (a string key), the metrics (``mean``/``std`` over runs), ``per_run``
         metrics, the ``prior`` row, the run-averaged ``curves`` (position t = index + 1),
         and, for horizons beyond training: per metric with a curve (``mae_bits``,
@@ -131,7 +131,6 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
         horizons[str(horizon)] = summary
     return {
         "model": runs[0].configuration,
-        "tunnel": config.to_mapping()["tunnel"],
         "n_runs": len(runs),
         "training_horizon": trained,
         "horizons": horizons,
@@ -192,7 +191,7 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
     """Table 1 and Fig 10: every model at every horizon, and its per-position error.
 
     Returns:
-        ``tunnel`` (its parameters), ``horizons``; ``models``: for each configuration, ``n_runs`` and per horizon its
+        ``horizons``; ``models``: for each configuration, ``n_runs`` and per horizon its
         metrics, prior row and curves (as in ``length_generalization``); ``ratios``: for
         each configuration other than the full transformer, its ``mae_bits`` and
         ``kl_bits`` divided by the transformer's, per horizon; ``markdown``: Table 1.
@@ -217,7 +216,6 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
                 for h in horizons
             }
     return {
-        "tunnel": runs[0].config.to_mapping()["tunnel"],
         "horizons": list(horizons),
         "training_horizon": runs[0].config.tunnel.horizon,
         "reference": reference,

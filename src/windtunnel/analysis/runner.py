@@ -26,7 +26,8 @@ def analyze_runs(
 ) -> dict[str, Path]:
     """Run the analyses ``only`` names (default: all that apply) on loaded runs.
 
-    Writes ``folder/<name>.json`` and ``folder/<name>.png``; with ``skip_existing`` an
+    Writes ``folder/<name>.json`` (the result, with the runs' directories and their tunnel's
+    parameters: the task variant its numbers belong to) and ``folder/<name>.png``; with ``skip_existing`` an
     analysis whose JSON is already there is not recomputed. An analysis named in ``only``
     that does not apply to the runs is an error, unless ``applicable`` (then it is
     skipped). Returns ``{name: json path}``.
@@ -46,7 +47,12 @@ def analyze_runs(
             continue
         path = folder / f"{name}.json"
         if not (skip_existing and path.exists()):
-            result = {"analysis": name, "run_dirs": [str(r.directory) for r in runs], **analysis.compute(runs)}
+            result = {
+                "analysis": name,
+                "run_dirs": [str(r.directory) for r in runs],
+                "tunnel": runs[0].config.to_mapping()["tunnel"],  # the task variant every number belongs to
+                **analysis.compute(runs),
+            }
             atomic_write_text(path, json.dumps(result, indent=1))
             if "markdown" in result:  # a table (Table 1) also as Markdown, beside its JSON
                 atomic_write_text(folder / f"{name}.md", result["markdown"])

@@ -146,6 +146,23 @@ def _has(results: Results, group: str, analysis: str) -> bool:
     return analysis in results.get(group, {})
 
 
+#: Per-configuration groups of the HMM transformer, the paper's variant (floored) first.
+HMM_TRANSFORMER_GROUPS = ("hmm_transformer_floor", "hmm_transformer")
+
+
+def _first(results: Results, groups: Sequence[str], analysis: str) -> Mapping[str, Any]:
+    """``analysis`` of the first of ``groups`` that has it."""
+    for group in groups:
+        if _has(results, group, analysis):
+            return results[group][analysis]
+    raise MissingResult(f"{'/'.join(groups)}: {analysis}")
+
+
+def _variant_of(result: Mapping[str, Any]) -> str:
+    """`` (variant)`` of a saved result (the runner records the runs' tunnel), for the text."""
+    return f" ({variant_name(result['tunnel'])})" if "tunnel" in result else ""
+
+
 def variant_name(tunnel: Mapping[str, Any]) -> str:
     """The task variant of a tunnel's parameters, in words (what a number belongs to)."""
     if tunnel["name"] == "bijection":
@@ -305,16 +322,21 @@ def _every_factor_at_least(limit: float) -> Callable[[Values], bool]:
 
 
 def _layer_ablation(results: Results) -> Measured:
-    tunnels = [t for t in ("bijection", "hmm") if _has(results, f"{t}_transformer", "layer_ablation")]
-    if not tunnels:
+    found = {}
+    for tunnel, groups in (("bijection", ("bijection_transformer",)), ("hmm", HMM_TRANSFORMER_GROUPS)):
+        try:
+            found[tunnel] = _first(results, groups, "layer_ablation")
+        except MissingResult:
+            continue
+    if not found:
         raise MissingResult("layer_ablation")
     parts, strict, minima = [], [], []
-    for tunnel in tunnels:
-        layers = results[f"{tunnel}_transformer"]["layer_ablation"]["layers"]
+    for tunnel, result in found.items():
+        layers = result["layers"]
         metric = PAPER_METRIC[tunnel]
         ratios = [row["ratios"][metric]["mean"] for row in layers]
         minima.append(min(ratios))
-        parts.append(f"{tunnel} {metric} " + ", ".join(_x(r) for r in ratios))
+        parts.append(f"{tunnel}{_variant_of(result)} {metric} " + ", ".join(_x(r) for r in ratios))
         strict.append(f"{tunnel} mae_bits " + ", ".join(_x(row["ratios"]["mae_bits"]["mean"]) for row in layers))
     return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict))
 
@@ -351,7 +373,7 @@ def _unique_layer0_head(values: Values) -> bool:
 
 
 def _no_break(results: Results) -> Measured:
-    result = _result(results, "hmm_transformer", "length_generalization")
+    result = _first(results, HMM_TRANSFORMER_GROUPS, "length_generalization")
     horizons = result["horizons"]
     trained = result["training_horizon"]
     beyond = [h for h in horizons if int(h) > trained]
@@ -364,7 +386,7 @@ def _no_break(results: Results) -> Measured:
     boundary = kl["boundary"]
     ratio = boundary["ratio"]
     ours = (
-        f"K={longest}: kl_bits step t={trained}→{trained + 1} {_g(boundary['step'])} vs largest nearby "
+        f"K={longest}{_variant_of(result)}: kl_bits step t={trained}→{trained + 1} {_g(boundary['step'])} vs largest nearby "
         f"{_g(boundary['largest_neighbor_step'])} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
         f"mean over t≤{trained} {_g(kl['within_training'])}, after {_g(kl['beyond_training'])}"
     )
@@ -389,12 +411,12 @@ def _smooth_at_the_horizon(values: Values) -> bool:
 
 
 def _relabeling(results: Results) -> Measured:
-    result = _result(results, "hmm_transformer", "relabeling")
+    result = _first(results, HMM_TRANSFORMER_GROUPS, "relabeling")
     run = result["per_run"][0]
     low, high = run["delta_mae_bits_ci"]
     ours = (
         f"ΔMAE {run['delta_mae_bits']:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {_g(run['mae_bits_before'])} "
-        f"(prior {_g(run['mae_bits_prior'])})"
+        f"(prior {_g(run['mae_bits_prior'])}){_variant_of(result)}"
     )
     values = {
         "delta_ci": [low, high],
