@@ -31,6 +31,7 @@ bench: install
 	$(BIN)/python bench/tunnels.py
 	$(BIN)/python bench/models.py
 	$(BIN)/python bench/eval.py
+	$(BIN)/python bench/train_throughput.py
 
 clean:
 	rm -rf $(VENV)

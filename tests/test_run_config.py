@@ -117,3 +117,36 @@ def test_protocol_is_identical_across_architectures_within_a_task(scale):
             else:
                 top_two = (reference.model.n_layers - 2, reference.model.n_layers - 1)
                 assert config.model.no_attention_layers == top_two
+
+
+CURRICULUM = ["train.curriculum.param=concentration", "train.curriculum.start=0.25", "train.curriculum.steps=400"]
+
+
+def test_curriculum_anneals_geometrically_into_the_tunnels_own_value(tmp_path):
+    config = load_run_config(CONFIGS / "cpu" / "hmm_transformer.toml", CURRICULUM)
+    # Closed form: 0.25 * (1 / 0.25) ** (s / 400): 0.25, 0.5 at the midpoint, 1 from step 400 on.
+    expected = {0: 0.25, 200: 0.5, 100: 0.25 * 4**0.25, 399: 0.25 * 4 ** (399 / 400), 400: 1.0, 10_000: 1.0}
+    for step, value in expected.items():
+        assert config.training_tunnel(step).concentration == pytest.approx(value, rel=1e-12)
+        assert config.training_tunnel(step).grid == config.tunnel.grid  # only the named parameter moves
+    assert config.training_tunnel(400) is config.tunnel
+    plain = load_run_config(CONFIGS / "cpu" / "hmm_transformer.toml")
+    assert plain.training_tunnel(0) is plain.tunnel
+    (tmp_path / "config.json").write_text(config.to_json())
+    assert load_run_config(tmp_path / "config.json") == config
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.curriculum.param=K", "train.curriculum.steps=10"], "train.curriculum.param='K' is not a float parameter of the hmm tunnel; allowed: concentration, grid, floor"),
+        (["train.curriculum.param=concentration", "train.curriculum.start=0", "train.curriculum.steps=10"], "train.curriculum.start=0.0 is out of range"),
+        (["train.curriculum.param=concentration", "train.curriculum.start=nan", "train.curriculum.steps=10"], "train.curriculum.start=nan is out of range"),
+        (["train.curriculum.param=concentration"], "train.curriculum.steps=0 is out of range"),
+        (["train.curriculum.param=floor", "train.curriculum.start=0.5", "train.curriculum.steps=10"], "the tunnel refuses it: floor=0.5 is out of range"),
+    ],
+)
+def test_bad_curricula_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(CONFIGS / "cpu" / "hmm_transformer.toml", overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)

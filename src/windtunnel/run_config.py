@@ -24,7 +24,9 @@ Overrides use dotted keys typed by the same dataclasses: ``train.lr=3e-4``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +42,41 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
+__all__ = ["CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    """One tunnel parameter annealed into the tunnel's own value over the first steps of training.
+
+    The batch of step ``s`` is drawn from the tunnel with ``param`` set to
+    ``start * (end / start) ** (s / steps)`` for ``s < steps`` (geometric: the parameters
+    worth annealing, such as a Dirichlet concentration, are scales), and from the tunnel
+    itself after; ``end`` is the value in ``[tunnel]``. Evaluation always uses the tunnel
+    itself. The value is a function of the step alone, so resume stays exact.
+
+    Args:
+        param: a float parameter of the tunnel (``""``: no curriculum).
+        start: its value at step 0 (> 0; the tunnel must accept it).
+        steps: steps over which it reaches the tunnel's own value.
+    """
+
+    param: str = ""
+    start: float = 1.0
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.param and not (math.isfinite(self.start) and self.start > 0):
+            raise ConfigError(f"start={self.start} is out of range: need a finite value > 0")
+        if self.param and self.steps < 1:
+            raise ConfigError(f"steps={self.steps} is out of range: a curriculum needs steps >= 1")
+
+    def value(self, step: int, end: float) -> float:
+        """The parameter at ``step``, annealing from ``start`` to ``end``."""
+        if not self.param or step >= self.steps:
+            return end
+        return self.start * (end / self.start) ** (step / self.steps)
 
 
 @dataclass(frozen=True)
@@ -66,6 +102,12 @@ class TrainConfig:
             for the training-dynamics analyses), plus step 0 and the last step.
         device: ``auto`` (CUDA if present), ``cpu`` or ``cuda``.
         bf16: bfloat16 autocast on CUDA (ignored on CPU).
+        compile: run the training forward and backward through ``torch.compile`` (static
+            shapes). Resume stays exact to the step and bit-identical among compiled runs;
+            a compiled run's floating-point path differs from an uncompiled one's, so its
+            trajectory is close to, not equal to, the plain run's (``bench/train_throughput.py``
+            measures what it buys on this machine).
+        curriculum: a tunnel parameter annealed over the first steps (:class:`CurriculumConfig`).
     """
 
     steps: int = 2000
@@ -85,6 +127,8 @@ class TrainConfig:
     snapshots_per_decade: int = 4
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
+    compile: bool = False
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -154,11 +198,35 @@ class RunConfig:
     def __post_init__(self) -> None:
         for horizon in self.horizons:
             self.tunnel.check_horizon(horizon, name="eval.horizons")
+        self._check_curriculum()
         if self.model.max_len is not None and self.model.max_len < self.max_len:
             raise ConfigError(
                 f"model.max_len={self.model.max_len} is out of range: the longest evaluated sequence "
                 f"(horizon {max(self.horizons)}) has {self.max_len} tokens; need model.max_len >= {self.max_len}"
             )
+
+    def _check_curriculum(self) -> None:
+        curriculum = self.train.curriculum
+        if not curriculum.param:
+            return
+        floats = [f.name for f in dataclasses.fields(self.tunnel) if isinstance(getattr(self.tunnel, f.name), float)]
+        if curriculum.param not in floats:
+            raise ConfigError(
+                f"train.curriculum.param={curriculum.param!r} is not a float parameter of the {self.tunnel.name} tunnel; "
+                f"allowed: {', '.join(floats) or 'none'}"
+            )
+        try:
+            self.training_tunnel(0)
+        except ConfigError as error:
+            raise ConfigError(f"train.curriculum.start={curriculum.start}: the tunnel refuses it: {error}") from None
+
+    def training_tunnel(self, step: int) -> Tunnel:
+        """The tunnel the batch of ``step`` is drawn from (the tunnel itself without a curriculum)."""
+        curriculum = self.train.curriculum
+        if not curriculum.param or step >= curriculum.steps:
+            return self.tunnel
+        value = curriculum.value(step, getattr(self.tunnel, curriculum.param))
+        return dataclasses.replace(self.tunnel, **{curriculum.param: value})
 
     @property
     def model_kind(self) -> str:

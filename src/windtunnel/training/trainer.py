@@ -109,7 +109,8 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.t0 = self.last_print = time.perf_counter()
 
-    def update(self, step: int, loss: float, mae: float | None, force: bool = False) -> None:
+    def update(self, step: int, loss: torch.Tensor, mae: float | None, force: bool = False) -> None:
+        """``loss`` stays a tensor: it is read (a device sync) only when a line is printed."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -123,7 +124,7 @@ class _Progress:
         bar = "#" * filled + "." * (width - filled)
         mae_text = f"mae {mae:.4f} bits" if mae is not None else "mae -"
         eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if math.isfinite(eta) else "-"
-        line = f"step {step}/{self.total} [{bar}] loss {loss:.4f} {mae_text} {rate:.1f} step/s eta {eta_text}"
+        line = f"step {step}/{self.total} [{bar}] loss {loss.item():.4f} {mae_text} {rate:.1f} step/s eta {eta_text}"
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
 
     def close(self) -> None:
@@ -189,9 +190,16 @@ def train(
     t = config.train
     device = pick_device(t.device, int(os.environ.get("LOCAL_RANK", "0")))
     dist = setup_distributed(device)
+    # Compiled CPU kernels parallelize some reductions (the embedding gradient's scatter-add)
+    # with atomic adds, so on more than one thread two identical runs differ in the last bits;
+    # deterministic algorithms make inductor generate the ordered kernels instead.
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if t.compile and device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
     try:
         return _train(config, run_dir, t, device, dist, resume, progress, on_step)
     finally:
+        torch.use_deterministic_algorithms(deterministic)
         dist.close()
 
 
@@ -229,6 +237,9 @@ def _train(
     forward: nn.Module = model
     if dist.enabled:
         forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if t.compile:
+        # Static shapes: every training batch has the same shape, so one graph serves the run.
+        forward = torch.compile(forward, dynamic=False)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.bf16 and device.type == "cuda")
 
     snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
@@ -258,7 +269,7 @@ def _train(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
-            episode = tunnel.sample(local_batch, generator=generator).to(device)
+            episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)
             with autocast:
                 logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
             loss = _loss(logits, episode, t.target)
@@ -300,7 +311,7 @@ def _train(
                 save_state(step, latest)
             if dist.is_main and step in snapshots:
                 save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-            bar.update(step, loss_value.item(), last_mae, force=step == t.steps)
+            bar.update(step, loss_value, last_mae, force=step == t.steps)
             if on_step is not None:
                 on_step(step)
             if stop > 0 and step < t.steps:

@@ -1,0 +1,156 @@
+"""What moves the HMM phase change: the CPU HMM transformer under candidate recipes, over seeds.
+
+    python bench/hmm_recipe.py [--recipes baseline lr_5e-3 ...] [--seeds 0 1 2] [--until 5000]
+                               [--parallel 2] [--out DIR] [--recipe NAME=KEY=VALUE,KEY=VALUE]
+
+Each (recipe, seed) trains ``configs/cpu/hmm_transformer.toml`` with the recipe's
+overrides through :func:`windtunnel.training.trainer.train` itself, one thread per run
+(as ``reproduce`` runs it), evaluating on the preset's held-out set every 250 steps. With
+``--until`` a run stops there (the learning-rate schedule is still the full run's, so the
+numbers are those of the full recipe at that step): ``--until`` = a third of the steps asks
+whether a recipe leaves the plateau within the first third of training. Prints one JSON
+object: per recipe and seed, the first step at which ``mae_bits`` falls below 0.08 (the
+plateau sits near 0.105; ``null``: not yet) and ``kl_bits`` / ``mae_bits`` at K = 20, 30, 50
+at the last step trained; per recipe, the median over seeds. The timing of the phase change
+is chaotic in the seed and the floating-point path, so read the spread, never one seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from windtunnel.config import ConfigError
+from windtunnel.run_config import load_run_config
+from windtunnel.runs import evaluate_run
+from windtunnel.training.trainer import train
+
+PRESET = Path(__file__).resolve().parents[1] / "configs" / "cpu" / "hmm_transformer.toml"
+PLATEAU_EXIT_MAE = 0.08  # bits: the plateau sits at ~0.105, the settled model below 0.05
+EVAL_EVERY = 250
+HORIZONS = (20, 30, 50)
+
+#: Candidate recipes: overrides of the CPU preset. ``--recipe`` adds more.
+RECIPES: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "lr_5e-3": ("train.lr=5e-3",),
+    "batch_128": ("train.batch_size=128",),
+    "concentration_curriculum": (
+        "train.curriculum.param=concentration",
+        "train.curriculum.start=0.3",
+        "train.curriculum.steps=3000",
+    ),
+}
+
+
+class _Stop(Exception):
+    """Raised from the step callback at ``--until``."""
+
+
+def run_one(recipe: str, overrides: tuple[str, ...], seed: int, until: int | None, run_dir: str) -> dict:
+    """Train one (recipe, seed) to ``until`` and score it; runs in a worker process."""
+    torch.set_num_threads(1)
+    config = load_run_config(PRESET, [*overrides, f"train.seed={seed}", f"train.eval_every={EVAL_EVERY}"])
+    stop = until if until is not None and until < config.train.steps else None
+    if stop is not None:  # a checkpoint at the stop step, for the scoring below
+        config = load_run_config(PRESET, [*overrides, f"train.seed={seed}", f"train.eval_every={EVAL_EVERY}", f"train.checkpoint_every={stop}"])
+
+    def stop_at(step: int) -> None:
+        if step == stop:
+            raise _Stop
+
+    started = time.perf_counter()
+    try:
+        train(config, Path(run_dir), progress=False, on_step=stop_at)
+    except _Stop:
+        pass
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval_mae_bits"], r["eval_kl_bits"]) for r in records if "eval_mae_bits" in r]
+    exit_step = next((step for step, mae, _ in evals if mae < PLATEAU_EXIT_MAE), None)
+    scores = evaluate_run(Path(run_dir), horizons=HORIZONS, write=False)
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "steps_trained": scores["step"],
+        "plateau_exit_step": exit_step,
+        "kl_bits": {h: round(scores["horizons"][str(h)]["kl_bits"], 6) for h in HORIZONS},
+        "mae_bits": {h: round(scores["horizons"][str(h)]["mae_bits"], 5) for h in HORIZONS},
+        "eval_curve": [[step, round(mae, 4), round(kl, 5)] for step, mae, kl in evals],
+        "train_wall_s": round(wall, 1),
+    }
+
+
+def parse_recipe(text: str) -> tuple[str, tuple[str, ...]]:
+    name, eq, rest = text.partition("=")
+    if not eq or not name or not rest:
+        raise ConfigError(f"--recipe {text!r} is not NAME=KEY=VALUE[,KEY=VALUE...] (e.g. lr_4e-3=train.lr=4e-3)")
+    return name, tuple(part for part in rest.split(",") if part)
+
+
+def summarize(runs: list[dict], total_steps: int) -> dict:
+    exits = [r["plateau_exit_step"] for r in runs]
+    finite = sorted(e if e is not None else float("inf") for e in exits)
+    median_exit = statistics.median(finite) if finite else None
+    return {
+        "median_plateau_exit_step": None if median_exit in (None, float("inf")) else median_exit,
+        "every_seed_exits_by_a_third": all(e is not None and e <= total_steps / 3 for e in exits),
+        "median_kl_bits": {h: statistics.median(r["kl_bits"][h] for r in runs) for h in HORIZONS},
+        "seeds": {r["seed"]: {k: v for k, v in r.items() if k not in ("recipe", "seed")} for r in runs},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="*", default=list(RECIPES), help=f"recipes to run (default all: {', '.join(RECIPES)})")
+    parser.add_argument("--recipe", action="append", default=[], help="an extra recipe NAME=KEY=VALUE[,KEY=VALUE...]")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--until", type=int, default=None, help="stop every run at this step (default: train to the end)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs side by side, one thread each (default 2)")
+    parser.add_argument("--out", default=None, help="keep the run directories here (default: a temporary folder)")
+    args = parser.parse_args()
+    try:
+        recipes = {name: RECIPES[name] for name in args.recipes if name in RECIPES}
+        unknown = [name for name in args.recipes if name not in RECIPES]
+        if unknown:
+            raise ConfigError(f"unknown recipe {unknown[0]!r}; known: {', '.join(RECIPES)} (or add one with --recipe)")
+        recipes.update(parse_recipe(text) for text in args.recipe)
+        total_steps = load_run_config(PRESET).train.steps
+        for overrides in recipes.values():  # every recipe is a valid config before anything trains
+            load_run_config(PRESET, overrides)
+    except ConfigError as error:
+        print(f"hmm_recipe: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hmm_recipe_"))
+    if out.exists() and any(out.iterdir()):
+        print(f"hmm_recipe: error: --out {str(out)!r} is not empty: give a new folder", file=sys.stderr)
+        sys.exit(2)
+    jobs = [(name, overrides, seed) for name, overrides in recipes.items() for seed in args.seeds]
+    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, name, overrides, seed, args.until, str(out / f"{name}_seed{seed}")) for name, overrides, seed in jobs]
+        runs = [future.result() for future in futures]
+    result = {
+        "preset": str(PRESET.name),
+        "steps": total_steps,
+        "until": args.until,
+        "plateau_exit_mae_bits": PLATEAU_EXIT_MAE,
+        "runs_in": str(out),
+        "recipes": {
+            name: {"overrides": list(overrides), **summarize([r for r in runs if r["recipe"] == name], total_steps)}
+            for name, overrides in recipes.items()
+        },
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
