@@ -6,19 +6,22 @@
 Each (recipe, seed) trains ``configs/cpu/hmm_transformer.toml`` with the recipe's
 overrides through :func:`windtunnel.training.trainer.train` itself, one thread per run
 (as ``reproduce`` runs it), evaluating on the preset's held-out set every 250 steps. With
-``--until`` a run stops there (the learning-rate schedule is still the full run's, so the
+``--until`` (a multiple of 250) a run stops there (the learning-rate schedule is still the full run's, so the
 numbers are those of the full recipe at that step): ``--until`` = a third of the steps asks
 whether a recipe leaves the plateau within the first third of training. Prints one JSON
 object: per recipe and seed, the first step at which ``mae_bits`` falls below 0.08 (the
 plateau sits near 0.105; ``null``: not yet) and ``kl_bits`` / ``mae_bits`` at K = 20, 30, 50
 at the last step trained; per recipe, the median over seeds. The timing of the phase change
 is chaotic in the seed and the floating-point path, so read the spread, never one seed.
+Run directories stay in ``--out``: run the same command again (or with more recipes or
+seeds) and finished runs are reused, interrupted ones resumed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,8 +33,10 @@ from pathlib import Path
 import torch
 
 from windtunnel.config import ConfigError
+from windtunnel.files import atomic_write_text
 from windtunnel.run_config import load_run_config
-from windtunnel.runs import evaluate_run
+from windtunnel.runs import evaluate_run, read_run_config
+from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.trainer import train
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "cpu" / "hmm_transformer.toml"
@@ -43,8 +48,11 @@ HORIZONS = (20, 30, 50)
 RECIPES: dict[str, tuple[str, ...]] = {
     "baseline": (),
     "lr_5e-3": ("train.lr=5e-3",),
+    "warmup_1000": ("train.warmup_steps=1000",),
+    "batch_32": ("train.batch_size=32",),  # half the cost of a step: twice the steps per minute
     "batch_128": ("train.batch_size=128",),
-    "concentration_curriculum": (
+    "depth6_d52": ("model.n_layers=6", "model.d_model=52", "model.d_mlp=208"),  # the same parameters (204k vs 207k), deeper
+    "concentration_curriculum": (  # sharper HMMs first: T is worth more to the prediction
         "train.curriculum.param=concentration",
         "train.curriculum.start=0.3",
         "train.curriculum.steps=3000",
@@ -57,12 +65,28 @@ class _Stop(Exception):
 
 
 def run_one(recipe: str, overrides: tuple[str, ...], seed: int, until: int | None, run_dir: str) -> dict:
-    """Train one (recipe, seed) to ``until`` and score it; runs in a worker process."""
+    """Train one (recipe, seed) to ``until`` and score it; runs in a worker process.
+
+    The result is also written to ``run_dir/result.json``; a run found finished there is
+    not trained again, and one found interrupted resumes from its last checkpoint (every
+    250 steps), so a long study survives a kill and can grow by recipes and seeds.
+    """
     torch.set_num_threads(1)
-    config = load_run_config(PRESET, [*overrides, f"train.seed={seed}", f"train.eval_every={EVAL_EVERY}"])
+    run_dir_path = Path(run_dir)
+    config = load_run_config(
+        PRESET, [*overrides, f"train.seed={seed}", f"train.eval_every={EVAL_EVERY}", f"train.checkpoint_every={EVAL_EVERY}"]
+    )
     stop = until if until is not None and until < config.train.steps else None
-    if stop is not None:  # a checkpoint at the stop step, for the scoring below
-        config = load_run_config(PRESET, [*overrides, f"train.seed={seed}", f"train.eval_every={EVAL_EVERY}", f"train.checkpoint_every={stop}"])
+    identity = {"recipe": recipe, "overrides": list(overrides), "seed": seed, "until": stop}
+    result_file = run_dir_path / "result.json"
+    if result_file.is_file():
+        stored = json.loads(result_file.read_text())
+        if {k: stored.get(k) for k in identity} == identity:
+            return stored
+        shutil.rmtree(run_dir_path)  # a result of another recipe under this name: start over
+    resume = run_dir_path.is_dir() and read_resume_step(run_dir_path) is not None and read_run_config(run_dir_path) == config
+    if run_dir_path.is_dir() and not resume:
+        shutil.rmtree(run_dir_path)  # died before its first checkpoint, or another config: nothing to keep
 
     def stop_at(step: int) -> None:
         if step == stop:
@@ -70,24 +94,25 @@ def run_one(recipe: str, overrides: tuple[str, ...], seed: int, until: int | Non
 
     started = time.perf_counter()
     try:
-        train(config, Path(run_dir), progress=False, on_step=stop_at)
+        train(config, run_dir_path, resume=resume, progress=False, on_step=stop_at)
     except _Stop:
         pass
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir_path / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval_mae_bits"], r["eval_kl_bits"]) for r in records if "eval_mae_bits" in r]
     exit_step = next((step for step, mae, _ in evals if mae < PLATEAU_EXIT_MAE), None)
-    scores = evaluate_run(Path(run_dir), horizons=HORIZONS, write=False)
-    return {
-        "recipe": recipe,
-        "seed": seed,
+    scores = evaluate_run(run_dir_path, horizons=HORIZONS, write=False)
+    result = {
+        **identity,
         "steps_trained": scores["step"],
         "plateau_exit_step": exit_step,
-        "kl_bits": {h: round(scores["horizons"][str(h)]["kl_bits"], 6) for h in HORIZONS},
-        "mae_bits": {h: round(scores["horizons"][str(h)]["mae_bits"], 5) for h in HORIZONS},
+        "kl_bits": {str(h): round(scores["horizons"][str(h)]["kl_bits"], 6) for h in HORIZONS},
+        "mae_bits": {str(h): round(scores["horizons"][str(h)]["mae_bits"], 5) for h in HORIZONS},
         "eval_curve": [[step, round(mae, 4), round(kl, 5)] for step, mae, kl in evals],
-        "train_wall_s": round(wall, 1),
+        "train_wall_s_this_call": round(wall, 1),
     }
+    atomic_write_text(result_file, json.dumps(result))
+    return result
 
 
 def parse_recipe(text: str) -> tuple[str, tuple[str, ...]]:
@@ -104,8 +129,8 @@ def summarize(runs: list[dict], total_steps: int) -> dict:
     return {
         "median_plateau_exit_step": None if median_exit in (None, float("inf")) else median_exit,
         "every_seed_exits_by_a_third": all(e is not None and e <= total_steps / 3 for e in exits),
-        "median_kl_bits": {h: statistics.median(r["kl_bits"][h] for r in runs) for h in HORIZONS},
-        "seeds": {r["seed"]: {k: v for k, v in r.items() if k not in ("recipe", "seed")} for r in runs},
+        "median_kl_bits": {str(h): statistics.median(r["kl_bits"][str(h)] for r in runs) for h in HORIZONS},
+        "seeds": {r["seed"]: {k: v for k, v in r.items() if k not in ("recipe", "overrides", "seed", "until")} for r in runs},
     }
 
 
@@ -127,12 +152,14 @@ def main() -> None:
         total_steps = load_run_config(PRESET).train.steps
         for overrides in recipes.values():  # every recipe is a valid config before anything trains
             load_run_config(PRESET, overrides)
+        if args.until is not None and (args.until < EVAL_EVERY or args.until % EVAL_EVERY):
+            raise ConfigError(f"--until {args.until} is out of range: need a positive multiple of {EVAL_EVERY} (the checkpoint interval)")
     except ConfigError as error:
         print(f"hmm_recipe: error: {error}", file=sys.stderr)
         sys.exit(2)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="hmm_recipe_"))
-    if out.exists() and any(out.iterdir()):
-        print(f"hmm_recipe: error: --out {str(out)!r} is not empty: give a new folder", file=sys.stderr)
+    if out.exists() and not out.is_dir():
+        print(f"hmm_recipe: error: --out {str(out)!r} is a file: give a folder (new, or one from an earlier study to extend)", file=sys.stderr)
         sys.exit(2)
     jobs = [(name, overrides, seed) for name, overrides in recipes.items() for seed in args.seeds]
     with ProcessPoolExecutor(max_workers=args.parallel, mp_context=get_context("spawn")) as pool:
