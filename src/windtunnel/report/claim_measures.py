@@ -1,0 +1,481 @@
+"""Each claim's numbers, read out of the analysis results, and the criterion that decides it.
+
+For every claim of :data:`windtunnel.report.claims.CLAIMS` there is a ``measure``
+(results -> :class:`~windtunnel.report.claim_types.Measured`) and a ``judge`` (the named
+values -> bool), in the claims' order. A measure raises
+:class:`~windtunnel.report.claim_types.MissingResult` only when an analysis result is
+absent; anything else wrong inside a present result is raised as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from windtunnel.report.claim_types import (
+    PAPER_METRIC,
+    VARIANT_GROUPS,
+    Measured,
+    MissingResult,
+    Results,
+    Values,
+)
+
+__all__ = [
+    "accuracy",
+    "at_least",
+    "below",
+    "below_half_chance",
+    "dissociation",
+    "every_factor_at_least",
+    "head_ablation",
+    "key_orthogonality",
+    "late_attention",
+    "layer_ablation",
+    "no_break",
+    "one_dimensional",
+    "qk_sharpening",
+    "relabeling",
+    "relabeling_invariant",
+    "seeds",
+    "seeds_agree",
+    "separation",
+    "settles_early_then_improves",
+    "sharpens_with_depth",
+    "smooth_at_the_horizon",
+    "unique_layer0_head",
+    "value_manifold",
+    "variant_name",
+]
+
+
+# --- reading results -------------------------------------------------------------------
+
+
+def _result(results: Results, group: str, analysis: str) -> Mapping[str, Any]:
+    try:
+        return results[group][analysis]
+    except KeyError:
+        raise MissingResult(f"{group}/{analysis}") from None
+
+
+def _has(results: Results, group: str, analysis: str) -> bool:
+    return analysis in results.get(group, {})
+
+
+#: Per-configuration groups of the HMM transformer, the paper's variant (floored) first.
+HMM_TRANSFORMER_GROUPS = ("hmm_transformer_floor", "hmm_transformer")
+
+
+def _first(results: Results, groups: Sequence[str], analysis: str) -> Mapping[str, Any]:
+    """``analysis`` of the first of ``groups`` that has it."""
+    for group in groups:
+        if _has(results, group, analysis):
+            return results[group][analysis]
+    raise MissingResult(f"{'/'.join(groups)}: {analysis}")
+
+
+def _variant_of(result: Mapping[str, Any]) -> str:
+    """`` (variant)`` of a saved result (the runner records the runs' tunnel), for the text."""
+    return f" ({variant_name(result['tunnel'])})" if "tunnel" in result else ""
+
+
+def variant_name(tunnel: Mapping[str, Any]) -> str:
+    """The task variant of a tunnel's parameters, in words (what a number belongs to)."""
+    if tunnel["name"] == "bijection":
+        return "with replacement" if tunnel.get("with_replacement") else "without replacement"
+    if tunnel["name"] == "hmm":
+        floor = tunnel.get("floor", 0.0)
+        return (f"floor {floor:g}" if floor else "no floor") + f", grid {tunnel['grid']:g}"
+    return tunnel["name"]
+
+
+@dataclass(frozen=True)
+class _Model:
+    """One model's scores on one task variant: ``horizons[str(h)][metric]["mean"]``, prior rows."""
+
+    horizons: Mapping[str, Any]
+    variant: str
+    training_horizon: int
+
+    def metric(self, horizon: int, metric: str) -> float:
+        return self.horizons[str(horizon)][metric]["mean"]
+
+    def prior(self, horizon: int, metric: str) -> float:
+        return self.horizons[str(horizon)]["prior"][metric]
+
+
+def _model(results: Results, group: str, model: str) -> _Model:
+    """``model``'s scores in comparison group ``group``: from its Table 1, or, where the group
+    trained only that model, from its per-position analysis."""
+    group_results = results.get(group, {})
+    if "model_comparison" in group_results and model in group_results["model_comparison"]["models"]:
+        table = group_results["model_comparison"]
+        return _Model(table["models"][model]["horizons"], variant_name(table["tunnel"]), table["training_horizon"])
+    if "length_generalization" in group_results and group_results["length_generalization"]["model"] == model:
+        single = group_results["length_generalization"]
+        return _Model(single["horizons"], variant_name(single["tunnel"]), single["training_horizon"])
+    raise MissingResult(f"{group}: {model}")
+
+
+def _models(
+    results: Results, tunnel: str, names: Sequence[str], groups: Sequence[str] | None = None
+) -> tuple[list[_Model], list[list[_Model]]]:
+    """The named models on the first of ``groups`` (default: the variant groups of ``tunnel``,
+    the paper's variant first) that has all of them, and, for the text, every group's
+    models found.
+
+    Raises MissingResult when no group has them all.
+    """
+    complete: list[_Model] | None = None
+    found: list[list[_Model]] = []
+    for group in groups or VARIANT_GROUPS[tunnel]:
+        models = []
+        for name in names:
+            try:
+                models.append(_model(results, group, name))
+            except MissingResult:
+                models.append(None)
+        if all(m is not None for m in models):
+            complete = complete or models
+        if any(m is not None for m in models):
+            found.append(models)
+    if complete is None:
+        raise MissingResult(f"{tunnel}: {', '.join(names)}")
+    return complete, found
+
+
+def _g(value: float) -> str:
+    return f"{value:.2g}" if abs(value) < 0.01 else f"{value:.3g}"
+
+
+def _x(value: float) -> str:
+    return f"{value:.0f}x" if value >= 10 else f"{value:.2g}x"
+
+
+def _times(numerator: float, denominator: float) -> str:
+    """``numerator / denominator`` as a factor, for the text (a zero denominator is infinite)."""
+    return _x(numerator / denominator) if denominator else "∞x"
+
+
+# --- accuracy ---------------------------------------------------------------------------
+
+
+def accuracy(
+    tunnel: str, horizon: int | None, stricter: Sequence[str], groups: Sequence[str] | None = None
+) -> Callable[[Results], Measured]:
+    """The transformer's error on the paper's metric at ``horizon`` (default: the training
+    horizon), on the first of ``groups`` that has it (default: the paper's variant first)."""
+    metric = PAPER_METRIC[tunnel]
+
+    def measure(results: Results) -> Measured:
+        (model,), found = _models(results, tunnel, ["transformer"], groups)
+        h = horizon or model.training_horizon
+        value = model.metric(h, metric)
+        others = [m[0] for m in found if m[0] is not None and m[0] is not model]
+        ours = f"{_g(value)} bits {metric} ({model.variant})"
+        ours += "".join(f"; {_g(m.metric(h, metric))} ({m.variant})" for m in others)
+        strict = "; ".join(f"{name} {_g(model.metric(h, name))}" for name in stricter)
+        return Measured({metric: value}, ours, strict)
+
+    return measure
+
+
+def below(metric: str, limit: float) -> Callable[[Values], bool]:
+    return lambda values: values[metric] < limit
+
+
+# --- the MLP control --------------------------------------------------------------------
+
+
+def separation(tunnel: str, factor: float) -> Callable[[Results], Measured]:
+    """The MLP's error over the transformer's on the paper's metric, at the training horizon,
+    on the first task variant that has both."""
+    metric = PAPER_METRIC[tunnel]
+
+    def measure(results: Results) -> Measured:
+        (transformer, mlp), found = _models(results, tunnel, ["transformer", "mlp"])
+        h = transformer.training_horizon
+        ratio = mlp.metric(h, metric) / transformer.metric(h, metric)
+        horizons = [int(k) for k in mlp.horizons]
+        mlps = "/".join(_g(mlp.metric(k, metric)) for k in horizons)
+        at = f" at K={'/'.join(map(str, horizons))}" if len(horizons) > 1 else ""
+        ours = f"MLP {mlps} bits {metric}{at} (prior {_g(mlp.prior(h, metric))}); {_x(ratio)} the transformer ({mlp.variant})"
+        for _, m in found:  # the other variants: the MLP (and the prior it converges to)
+            if m is not None and m is not mlp:
+                ours += f"; MLP {_g(m.metric(h, metric))}, prior {_g(m.prior(h, metric))} ({m.variant})"
+        others = [name for name in ("mae_bits", "kl_bits") if name != metric]
+        strict = "; ".join(f"{name} {_times(mlp.metric(h, name), transformer.metric(h, name))}" for name in others)
+        return Measured({"ratio": ratio}, ours, strict)
+
+    return measure
+
+
+def at_least(name: str, limit: float) -> Callable[[Values], bool]:
+    return lambda values: values[name] >= limit
+
+
+# --- late attention ---------------------------------------------------------------------
+
+
+def late_attention(results: Results) -> Measured:
+    groups = [g for g in VARIANT_GROUPS["hmm"] if _has(results, g, "late_attention")]
+    if not groups:
+        raise MissingResult("late_attention")
+    result = results[groups[0]]["late_attention"]
+    horizons = result["horizons"]
+    factors = {h: row["factors"]["kl_bits"] for h, row in horizons.items()}
+    at = f" at K={'/'.join(horizons)}"
+    ours = "kl_bits " + "/".join(_x(f) for f in factors.values()) + at
+    strict = "mae_bits " + "/".join(_x(row["factors"]["mae_bits"]) for row in horizons.values()) + at
+    return Measured({"kl_factors": list(factors.values())}, ours, strict)
+
+
+def every_factor_at_least(limit: float) -> Callable[[Values], bool]:
+    return lambda values: len(values["kl_factors"]) > 0 and min(values["kl_factors"]) >= limit
+
+
+# --- ablations --------------------------------------------------------------------------
+
+
+def layer_ablation(results: Results) -> Measured:
+    found = {}
+    for tunnel, groups in (("bijection", ("bijection_transformer",)), ("hmm", HMM_TRANSFORMER_GROUPS)):
+        try:
+            found[tunnel] = _first(results, groups, "layer_ablation")
+        except MissingResult:
+            continue
+    if not found:
+        raise MissingResult("layer_ablation")
+    parts, strict, minima = [], [], []
+    for tunnel, result in found.items():
+        layers = result["layers"]
+        metric = PAPER_METRIC[tunnel]
+        ratios = [row["ratios"][metric]["mean"] for row in layers]
+        minima.append(min(ratios))
+        parts.append(f"{tunnel}{_variant_of(result)} {metric} " + ", ".join(_x(r) for r in ratios))
+        strict.append(f"{tunnel} mae_bits " + ", ".join(_x(row["ratios"]["mae_bits"]["mean"]) for row in layers))
+    return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict))
+
+
+def head_ablation(results: Results) -> Measured:
+    result = _result(results, "bijection_transformer", "head_ablation")
+    seeds = result["per_run"]
+    parts = []
+    for run in seeds:
+        worst = run["worst"]
+        over = run["top_over_second"]
+        parts.append(
+            f"L{worst['layer']}H{worst['head']} {_x(worst['mae_ratio'])}, "
+            + (f"{over:.2f}x the next" if over is not None else "next not destructive")
+        )
+    values = {
+        "worst_layers": [run["worst"]["layer"] for run in seeds],
+        "worst_ratios": [run["worst"]["mae_ratio"] for run in seeds],
+        "top_over_second": [run["top_over_second"] for run in seeds],
+    }
+    return Measured(values, f"worst head per seed ({len(seeds)}): " + "; ".join(parts))
+
+
+def unique_layer0_head(values: Values) -> bool:
+    """Every seed's most destructive head is in layer 0, at least doubles the error, and
+    raises it at least twice as much as that seed's next head."""
+    rows = list(zip(values["worst_layers"], values["worst_ratios"], values["top_over_second"]))
+    return bool(rows) and all(
+        layer == 0 and ratio >= 2 and (over is None or over >= 2) for layer, ratio, over in rows
+    )
+
+
+# --- length generalization ----------------------------------------------------------------
+
+
+def no_break(results: Results) -> Measured:
+    result = _first(results, HMM_TRANSFORMER_GROUPS, "length_generalization")
+    horizons = result["horizons"]
+    trained = result["training_horizon"]
+    beyond = [h for h in horizons if int(h) > trained]
+    if not beyond:
+        raise MissingResult("length_generalization beyond the training horizon")
+    longest = max(beyond, key=int)
+    row = horizons[longest]
+    kl = row["beyond"]["kl_bits"]
+    prior_within = horizons[str(trained)]["prior"]["kl_bits"] if str(trained) in horizons else None
+    boundary = kl["boundary"]
+    ratio = boundary["ratio"]
+    ours = (
+        f"K={longest}{_variant_of(result)}: kl_bits step t={trained}→{trained + 1} {_g(boundary['step'])} vs largest nearby "
+        f"{_g(boundary['largest_neighbor_step'])} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
+        f"mean over t≤{trained} {_g(kl['within_training'])}, after {_g(kl['beyond_training'])}"
+    )
+    mae = row["beyond"]["mae_bits"]["boundary"]
+    strict = f"mae_bits step {_g(mae['step'])} vs {_g(mae['largest_neighbor_step'])}"
+    values = {
+        "boundary_ratio": ratio,
+        "within_training_kl_bits": kl["within_training"],
+        "prior_kl_bits": prior_within,
+    }
+    return Measured(values, ours, strict)
+
+
+def _filters(values: Values) -> bool:
+    """The model filters within the training range: mean KL there under a tenth of the prior's."""
+    return values["prior_kl_bits"] is not None and values["within_training_kl_bits"] < 0.1 * values["prior_kl_bits"]
+
+
+def smooth_at_the_horizon(values: Values) -> bool:
+    ratio = values["boundary_ratio"]
+    return _filters(values) and ratio is not None and ratio <= 2
+
+
+def relabeling(results: Results) -> Measured:
+    result = _first(results, HMM_TRANSFORMER_GROUPS, "relabeling")
+    run = result["per_run"][0]
+    low, high = run["delta_mae_bits_ci"]
+    ours = (
+        f"ΔMAE {run['delta_mae_bits']:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {_g(run['mae_bits_before'])} "
+        f"(prior {_g(run['mae_bits_prior'])}){_variant_of(result)}"
+    )
+    values = {
+        "delta_ci": [low, high],
+        "relative_change": result["relative_change"],
+        "mae_bits": run["mae_bits_before"],
+        "prior_mae_bits": run["mae_bits_prior"],
+    }
+    kl_low, kl_high = run["delta_kl_bits_ci"]
+    strict = (
+        f"ΔKL {run['delta_kl_bits']:+.2g} bits, 95% CI [{kl_low:+.2g}, {kl_high:+.2g}] on kl_bits "
+        f"{_g(run['kl_bits_before'])} (KL sees which state is which; entropy does not)"
+    )
+    return Measured(values, ours, strict)
+
+
+def relabeling_invariant(values: Values) -> bool:
+    """The model filters (MAE under a tenth of the prior's), and ΔMAE is indistinguishable
+    from 0 or under 5% of its MAE."""
+    low, high = values["delta_ci"]
+    filters = values["mae_bits"] < 0.1 * values["prior_mae_bits"]
+    small = low <= 0 <= high or (values["relative_change"] is not None and values["relative_change"] < 0.05)
+    return filters and small
+
+
+def seeds(results: Results) -> Measured:
+    for tunnel in ("hmm", "bijection"):  # the paper's seed figure is the HMM's
+        if _has(results, tunnel, "seeds"):
+            result = results[tunnel]["seeds"]
+            break
+    else:
+        raise MissingResult("seeds")
+    metric = PAPER_METRIC[tunnel]
+    rows = [row["metrics"][metric] for row in result["horizons"].values()]
+    spread = max(row["spread"] for row in rows)
+    if any("gap_over_spread" not in row for row in rows):
+        ours = f"{tunnel}: seed spread {_g(spread)} bits {metric} (no MLP to compare)"
+        return Measured({"gap_over_spread": None, "gap_fraction": None}, ours)
+    # Seeds with no spread at all (identical errors) fit infinitely many times into any gap.
+    gap = min(math.inf if row["gap_over_spread"] is None else row["gap_over_spread"] for row in rows)
+    fraction = min(row["gap_to_mlp"] / row["mlp"] for row in rows)
+    ours = (
+        f"{tunnel}, {len(result['seeds'])} seeds: spread {_g(spread)} bits {metric}; the MLP's gap {_x(gap)} the spread, "
+        f"{fraction:.0%} of the MLP's error"
+    )
+    mae = [row["metrics"]["mae_bits"]["spread"] for row in result["horizons"].values()]
+    return Measured({"gap_over_spread": gap, "gap_fraction": fraction}, ours, f"mae_bits spread {_g(max(mae))}")
+
+
+def seeds_agree(values: Values) -> bool:
+    """The seeds differ by under a tenth of their gap to the MLP, and that gap is real: the
+    transformer removes at least half of the MLP's error (models that all sit at the prior,
+    as at random init, have no gap for their agreement to be measured against)."""
+    gap, fraction = values["gap_over_spread"], values["gap_fraction"]
+    return gap is not None and fraction is not None and gap >= 10 and fraction >= 0.5
+
+
+# --- geometry -----------------------------------------------------------------------------
+
+
+def key_orthogonality(results: Results) -> Measured:
+    result = _result(results, "bijection_transformer", "key_orthogonality")
+    measures = result["measures"]
+    later = measures["normalized_output_keys_abs"]
+    layer0 = later["layers"][0]
+    best, chance = layer0["best_head"]["mean"], later["chance"]["expected_abs_cos"]
+    signed = measures["embedding_keys_all_tokens_signed"]["layers"][0]
+    ours = (
+        f"best layer-0 head, output-token keys: mean |cos| {best:.2f} (chance {chance:.2f}); "
+        f"Paper-I signed mean over all tokens {signed['mean_over_heads']['mean']:+.2f}"
+    )
+    centered = measures["in_context_input_keys_centered"]["layers"][0]["best_head"]["mean"]
+    strict = f"in-context input keys, centered: best layer-0 head mean |cos| {centered:.2f}"
+    return Measured({"best_head_abs_cos": best, "chance_abs_cos": chance}, ours, strict)
+
+
+def below_half_chance(values: Values) -> bool:
+    return values["best_head_abs_cos"] < 0.5 * values["chance_abs_cos"]
+
+
+def qk_sharpening(results: Results) -> Measured:
+    result = _result(results, "bijection_transformer", "qk_sharpening")
+    layers = result["layers"]
+    lifts = [row["lift"]["evidence"] for row in layers]
+    entropies = [row["entropy_bits"]["mean"] for row in layers]
+    ours = "evidence mass / uniform share by layer " + ", ".join(f"{x:.2f}" for x in lifts)
+    ours += "; attention entropy " + " → ".join(f"{h:.2f}" for h in entropies) + " bits"
+    cosines = [row["mean_cos"]["mean"] for row in result["authors_query_key_cosine"]["layers"]]
+    strict = "the authors' measure (mean cos of the query with earlier input keys) by layer " + ", ".join(
+        f"{c:+.2f}" for c in cosines
+    )
+    return Measured({"lifts": lifts, "entropies": entropies}, ours, strict)
+
+
+def sharpens_with_depth(values: Values) -> bool:
+    """The last layer puts ≥ 1.2x layer 0's lift on the evidence, with ≥ 0.1 bits less entropy."""
+    lifts, entropies = values["lifts"], values["entropies"]
+    return lifts[-1] >= 1.2 * lifts[0] and entropies[-1] <= entropies[0] - 0.1
+
+
+def value_manifold(results: Results) -> Measured:
+    result = _result(results, "bijection_transformer", "value_manifold")
+    authors = result["measures"]["ln_final_value_positions_max_pearson"]
+    pc1, r = authors["pc1_variance"]["mean"], authors["correlation"]["value"]["mean"]
+    ours = f"bijection, final-normed value positions: PC1 {pc1:.0%}, max |Pearson| {r:.2f} (PC{authors['correlation']['pc']})"
+    parts = []
+    for group in ("bijection_transformer", "hmm_transformer"):
+        if _has(results, group, "value_manifold"):
+            mine = results[group]["value_manifold"]["measures"]["resid_supervised_spearman_pc1"]
+            parts.append(
+                f"{group.split('_')[0]} residual at supervised positions: PC1 {mine['pc1_variance']['mean']:.0%}, "
+                f"|Spearman| {mine['correlation']['value']['mean']:.2f}"
+            )
+    if _has(results, "hmm_transformer", "value_manifold"):
+        hmm = results["hmm_transformer"]["value_manifold"]["measures"]["ln_final_supervised_abs_pearson_pc1"]
+        parts.append(
+            f"hmm, the authors' HMM measure (no threshold): PC1 {hmm['pc1_variance']['mean']:.0%}, "
+            f"|Pearson| {hmm['correlation']['value']['mean']:.2f}"
+        )
+    return Measured({"pc1_variance": pc1, "correlation": r}, ours, "; ".join(parts))
+
+
+def one_dimensional(values: Values) -> bool:
+    return values["pc1_variance"] > 0.8 and values["correlation"] > 0.8
+
+
+def dissociation(results: Results) -> Measured:
+    result = _result(results, "bijection_transformer", "training_dynamics")
+    metric = PAPER_METRIC["bijection"]
+    step, fraction = result["stabilization_step"], result["stabilization_fraction"]
+    if step is None:
+        return Measured({"fraction": None, "ratio": None}, "attention never settles within the threshold")
+    ratio = result["ratio_stabilization_to_final"][metric]
+    ours = (
+        f"attention settles at step {step} ({fraction:.0%} of training); {metric} there "
+        f"{_g(result['at_stabilization'][metric])}, at the end {_g(result['final'][metric])} ({_x(ratio)} lower)"
+    )
+    strict = f"mae_bits {_x(result['ratio_stabilization_to_final']['mae_bits'])} lower"
+    return Measured({"fraction": fraction, "ratio": ratio}, ours, strict)
+
+
+def settles_early_then_improves(values: Values) -> bool:
+    fraction, ratio = values["fraction"], values["ratio"]
+    return fraction is not None and ratio is not None and fraction <= 0.5 and ratio >= 2
