@@ -48,14 +48,12 @@ def measure(preset: str, overrides: list[str], steps: int, log_every: int) -> di
         ],
     )
     with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
         train(config, Path(folder) / "run", progress=False)
-        wall = time.perf_counter() - started
         records = [json.loads(line) for line in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
     intervals = [r for r in records if "seq_per_s" in r]
     rates = [r["seq_per_s"] / config.train.batch_size for r in intervals[1:]]
     first_s = intervals[0]["elapsed_s"]
-    return {"steps_per_s": statistics.median(rates), "warmup_s": max(0.0, first_s - log_every / statistics.median(rates)), "wall_s": wall}
+    return {"steps_per_s": statistics.median(rates), "warmup_s": max(0.0, first_s - log_every / statistics.median(rates))}
 
 
 def cpu_model() -> str:
