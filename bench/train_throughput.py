@@ -21,7 +21,6 @@ import json
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
