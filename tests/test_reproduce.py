@@ -15,7 +15,8 @@ from matplotlib import image
 from windtunnel.cli import main
 from windtunnel.report.build import FIGURE_PLAN, INIT_DIR, load_results
 from windtunnel.report.claims import CLAIMS, evaluate_claims
-from windtunnel.reproduce import GROUPS, PRESET_NAMES, SCALES, plan_analyses, plan_runs
+from windtunnel.reproduce import GROUPS, PRESET_NAMES, SCALES, configs_folder, plan_analyses, plan_runs
+from windtunnel.run_config import load_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -163,6 +164,9 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     assert (twin.floor, twin.grid) == (0.05, 0.01)
     assert configs["bijection_replacement_mlp_seed0"].tunnel.with_replacement
     assert configs["bijection_replacement_mlp_seed0"].tunnel.L == 19
+    # The twin trains on the same stream as the with-replacement transformer preset (SPEC §5).
+    transformer_preset = load_run_config(configs_folder(SCALES[scale]) / "bijection_replacement_transformer.toml")
+    assert configs["bijection_replacement_mlp_seed0"].train.curriculum == transformer_preset.train.curriculum
     floored = {name for name in configs if name.endswith("floor_seed0")}
     assert floored == ({"hmm_mlp_floor_seed0"} if scale == "cpu" else
                        {"hmm_transformer_floor_seed0", "hmm_mlp_floor_seed0", "hmm_late_attention_off_floor_seed0"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -106,7 +108,9 @@ def test_protocol_is_identical_across_architectures_within_a_task(scale):
     }
     replacement = load_run_config(folder / "bijection_replacement_transformer.toml")
     reference = load_run_config(folder / "bijection_transformer.toml")
-    assert (replacement.model, replacement.train) == (reference.model, reference.train)  # only the tunnel differs
+    # Only the tunnel differs, and the training stream's curriculum (which draws from the tunnel).
+    assert replacement.model == reference.model
+    assert dataclasses.replace(replacement.train, curriculum=reference.train.curriculum) == reference.train
     for task, variants in (("bijection", ["mlp"]), ("hmm", ["mlp", "late_attention_off"])):
         reference = load_run_config(folder / f"{task}_transformer.toml")
         for variant in variants:
@@ -136,6 +140,18 @@ def test_curriculum_anneals_geometrically_into_the_tunnels_own_value(tmp_path):
     assert load_run_config(tmp_path / "config.json") == config
 
 
+def test_linear_curriculum_anneals_a_rate_to_zero():
+    """The with-replacement bijection's repeat rate, 0.6 down to the tunnel's 0 over 1,000 steps."""
+    config = load_run_config(
+        CONFIGS / "cpu" / "bijection_replacement_transformer.toml",
+        ["train.curriculum.param=repeat_rate", "train.curriculum.start=0.6", "train.curriculum.steps=1000", "train.curriculum.shape=linear"],
+    )
+    # Closed form: 0.6 * (1 - s / 1000).
+    for step, value in {0: 0.6, 250: 0.45, 500: 0.3, 999: 0.0006, 1000: 0.0, 5000: 0.0}.items():
+        assert config.training_tunnel(step).repeat_rate == pytest.approx(value, rel=1e-12, abs=1e-15)
+    assert config.training_tunnel(1000) is config.tunnel
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -143,7 +159,9 @@ def test_curriculum_anneals_geometrically_into_the_tunnels_own_value(tmp_path):
         (["train.curriculum.param=concentration", "train.curriculum.start=0", "train.curriculum.steps=10"], "train.curriculum.start=0.0 is out of range"),
         (["train.curriculum.param=concentration", "train.curriculum.start=nan", "train.curriculum.steps=10"], "train.curriculum.start=nan is out of range"),
         (["train.curriculum.param=concentration"], "train.curriculum.steps=0 is out of range"),
-        (["train.curriculum.param=floor", "train.curriculum.start=0.5", "train.curriculum.steps=10"], "the tunnel refuses it: floor=0.5 is out of range"),
+        (["train.curriculum.param=floor", "train.curriculum.start=0.5", "train.curriculum.steps=10", "train.curriculum.shape=linear"], "the tunnel refuses it: floor=0.5 is out of range"),
+        (["train.curriculum.param=floor", "train.curriculum.start=0.01", "train.curriculum.steps=10"], "train.curriculum.shape='geometric' cannot anneal into hmm floor=0.0"),
+        (["train.curriculum.param=concentration", "train.curriculum.steps=10", "train.curriculum.shape=cubic"], "shape='cubic' is not a curriculum shape; allowed: geometric, linear"),
     ],
 )
 def test_bad_curricula_name_the_problem(overrides, message):

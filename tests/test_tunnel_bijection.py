@@ -34,6 +34,7 @@ def brute_force_posterior(V: int, shown: list[tuple[int, int]], x: int) -> np.nd
         dict(V=5, with_replacement=True, L=8),
         dict(V=6, with_replacement=True, L=7, query=True),
         dict(V=6, L=3, query=True),
+        dict(V=5, with_replacement=True, L=9, repeat_rate=0.6),
     ],
 )
 def test_posterior_equals_brute_force_counting(params):
@@ -138,6 +139,10 @@ def test_evaluation_horizon():
         (dict(V=5, L=0), "L=0"),
         (dict(V="20"), "V='20'"),
         (dict(V=5, query=1), "query=1"),
+        (dict(V=5, with_replacement=True, repeat_rate=1.0), "repeat_rate=1.0"),
+        (dict(V=5, with_replacement=True, repeat_rate=-0.1), "repeat_rate=-0.1"),
+        (dict(V=5, with_replacement=True, repeat_rate=float("nan")), "repeat_rate=nan"),
+        (dict(V=5, repeat_rate=0.5), "repeat_rate=0.5 needs with_replacement=true"),
     ],
 )
 def test_bad_parameters_name_the_problem(params, name):
@@ -150,3 +155,28 @@ def test_bad_parameters_name_the_problem(params, name):
 def test_bad_horizon():
     with pytest.raises(ConfigError, match="horizon=9"):
         BijectionTunnel(V=8).sample(2, generator=torch.Generator(), horizon=9)
+
+
+def test_repeat_rate_draws_repeats_at_the_closed_form_rate():
+    """With rate r, input k (k >= 2) copies an earlier one with probability r, else is
+    uniform over V, so the expected number of distinct inputs follows
+    E[d_k] = E[d_{k-1}] (1 - (1 - r) / V) + (1 - r) from d_1 = 1 (which holds only if
+    every copy is one of the earlier inputs, never a new value)."""
+    V, L, r, n = 12, 10, 0.7, 40_000
+    inputs = BijectionTunnel(V=V, L=L, with_replacement=True, repeat_rate=r).sample(n, generator=torch.Generator().manual_seed(8)).inputs
+    distinct = torch.tensor([[len(set(row[: k + 1])) for k in range(L)] for row in inputs.tolist()], dtype=torch.float64)
+    expected = [1.0]
+    for _ in range(1, L):
+        expected.append(expected[-1] * (1 - (1 - r) / V) + (1 - r))
+    # d_k has standard deviation below sqrt(L) / 2, so its mean over n rows is within
+    # 5 standard errors (a 6e-7 two-sided tail per position) of E[d_k] at 5 * 1.6 / 200.
+    np.testing.assert_allclose(distinct.mean(0).numpy(), expected, rtol=0, atol=5 * math.sqrt(L) / 2 / math.sqrt(n))
+    # The plain sampler (rate 0) shows about 7.0 distinct inputs by k = L here, against 3.2.
+    plain = BijectionTunnel(V=V, L=L, with_replacement=True).sample(n, generator=torch.Generator().manual_seed(8)).inputs
+    assert float(torch.tensor([len(set(row)) for row in plain.tolist()], dtype=torch.float64).mean()) > expected[-1] + 2
+
+
+def test_repeat_rate_zero_is_the_plain_sampler_bit_for_bit():
+    a = BijectionTunnel(V=9, L=14, with_replacement=True).sample(32, generator=torch.Generator().manual_seed(4))
+    b = BijectionTunnel(V=9, L=14, with_replacement=True, repeat_rate=0.0).sample(32, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.posterior, b.posterior)

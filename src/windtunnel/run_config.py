@@ -45,30 +45,41 @@ else:  # pragma: no cover
 __all__ = ["CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
 
 
+CURRICULUM_SHAPES = ("geometric", "linear")
+
+
 @dataclass(frozen=True)
 class CurriculumConfig:
     """One tunnel parameter annealed into the tunnel's own value over the first steps of training.
 
     The batch of step ``s`` is drawn from the tunnel with ``param`` set to
-    ``start * (end / start) ** (s / steps)`` for ``s < steps`` (geometric: the parameters
-    worth annealing, such as a Dirichlet concentration, are scales), and from the tunnel
-    itself after; ``end`` is the value in ``[tunnel]``. Evaluation always uses the tunnel
-    itself. The value is a function of the step alone, so resume stays exact.
+    ``start * (end / start) ** (s / steps)`` for ``s < steps`` with ``shape = "geometric"``
+    (the default: parameters such as a Dirichlet concentration are scales), or to
+    ``start + (end - start) * s / steps`` with ``shape = "linear"`` (for rates, which may
+    end at 0), and from the tunnel itself after; ``end`` is the value in ``[tunnel]``.
+    Evaluation always uses the tunnel itself. The value is a function of the step alone,
+    so resume stays exact.
 
     Args:
         param: a float parameter of the tunnel (``""``: no curriculum).
-        start: its value at step 0 (> 0; the tunnel must accept it).
+        start: its value at step 0 (finite; > 0 for the geometric shape; the tunnel must accept it).
         steps: steps over which it reaches the tunnel's own value.
+        shape: ``geometric`` or ``linear``.
     """
 
     param: str = ""
     start: float = 1.0
     steps: int = 0
+    shape: str = "geometric"
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        if self.param and not (math.isfinite(self.start) and self.start > 0):
-            raise ConfigError(f"start={self.start} is out of range: need a finite value > 0")
+        if self.shape not in CURRICULUM_SHAPES:
+            raise ConfigError(f"shape={self.shape!r} is not a curriculum shape; allowed: {', '.join(CURRICULUM_SHAPES)}")
+        if self.param and not math.isfinite(self.start):
+            raise ConfigError(f"start={self.start} is out of range: need a finite value")
+        if self.param and self.shape == "geometric" and not self.start > 0:
+            raise ConfigError(f"start={self.start} is out of range: a geometric curriculum needs a value > 0")
         if self.param and self.steps < 1:
             raise ConfigError(f"steps={self.steps} is out of range: a curriculum needs steps >= 1")
 
@@ -76,6 +87,8 @@ class CurriculumConfig:
         """The parameter at ``step``, annealing from ``start`` to ``end``."""
         if not self.param or step >= self.steps:
             return end
+        if self.shape == "linear":
+            return self.start + (end - self.start) * (step / self.steps)
         return self.start * (end / self.start) ** (step / self.steps)
 
 
@@ -214,6 +227,12 @@ class RunConfig:
             raise ConfigError(
                 f"train.curriculum.param={curriculum.param!r} is not a float parameter of the {self.tunnel.name} tunnel; "
                 f"allowed: {', '.join(floats) or 'none'}"
+            )
+        end = getattr(self.tunnel, curriculum.param)
+        if curriculum.shape == "geometric" and not end > 0:
+            raise ConfigError(
+                f"train.curriculum.shape='geometric' cannot anneal into {self.tunnel.name} {curriculum.param}={end}: "
+                'a geometric curriculum ends at a value > 0; use shape = "linear"'
             )
         try:
             self.training_tunnel(0)

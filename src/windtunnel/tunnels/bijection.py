@@ -68,6 +68,12 @@ class BijectionTunnel:
         with_replacement: draw inputs i.i.d. uniform, so they may repeat (entropy
             staircases); default draws distinct inputs.
         query: append a final input copied from the context (its answer is known).
+        repeat_rate: with replacement, the probability that an input (after the first) is a
+            copy of a uniformly chosen earlier input instead of a uniform draw over all ``V``;
+            0 (default) is the plain i.i.d. sampling. A training curriculum: repeats are
+            what the match of ``x_k`` against earlier inputs learns from. The exact
+            posterior is unchanged, since it conditions on the inputs shown and their
+            distribution does not depend on the bijection.
     """
 
     name: ClassVar[str] = "bijection"
@@ -76,11 +82,16 @@ class BijectionTunnel:
     L: int | None = None
     with_replacement: bool = False
     query: bool = False
+    repeat_rate: float = 0.0
 
     def __post_init__(self) -> None:
         check_field_types(self)
         if self.V < 2:
             raise ConfigError(f"V={self.V} is out of range: need V >= 2")
+        if not 0.0 <= self.repeat_rate < 1.0:  # also refuses NaN
+            raise ConfigError(f"repeat_rate={self.repeat_rate} is out of range: need 0 <= repeat_rate < 1")
+        if self.repeat_rate > 0.0 and not self.with_replacement:
+            raise ConfigError(f"repeat_rate={self.repeat_rate} needs with_replacement=true (without it inputs never repeat)")
         if self.L is None:
             object.__setattr__(self, "L", self.V - 1)
         self.check_horizon(self.L, name="L")
@@ -122,6 +133,8 @@ class BijectionTunnel:
         mapping = random_permutations(B, V, generator=generator)  # [B, V]
         if self.with_replacement:
             inputs = torch.randint(0, V, (B, n_pairs), generator=generator)  # [B, L]
+            if self.repeat_rate > 0.0:
+                inputs = _repeat_earlier(inputs, self.repeat_rate, generator)
         else:
             inputs = random_permutations(B, V, generator=generator)[:, :n_pairs]  # [B, L]
         outputs = mapping.gather(1, inputs)  # [B, L]
@@ -151,6 +164,19 @@ class BijectionTunnel:
             outputs=outputs,
             query_index=query_index,
         )
+
+
+def _repeat_earlier(inputs: Tensor, rate: float, generator: torch.Generator) -> Tensor:
+    """``inputs`` with each entry after the first replaced, with probability ``rate``, by a
+    copy of a uniformly chosen earlier entry (of the result, so copies of copies count)."""
+    B, L = inputs.shape
+    repeat = torch.rand(B, L, generator=generator, dtype=torch.float64) < rate  # [B, L]
+    source = torch.rand(B, L, generator=generator, dtype=torch.float64)  # [B, L] uniform in [0, 1)
+    out = inputs.clone()
+    for k in range(1, L):
+        j = (source[:, k] * k).long()  # [B] uniform over 0..k-1
+        out[:, k] = torch.where(repeat[:, k], out.gather(1, j[:, None])[:, 0], inputs[:, k])
+    return out
 
 
 def _pair_posteriors(inputs: Tensor, outputs: Tensor, V: int) -> tuple[Tensor, Tensor]:
