@@ -167,6 +167,7 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     # The twin trains on the same stream as the with-replacement transformer preset (SPEC §5).
     transformer_preset = load_run_config(configs_folder(SCALES[scale]) / "bijection_replacement_transformer.toml")
     assert configs["bijection_replacement_mlp_seed0"].train.curriculum == transformer_preset.train.curriculum
+    assert configs["bijection_replacement_mlp_seed0"].tunnel == transformer_preset.tunnel
     floored = {name for name in configs if name.endswith("floor_seed0")}
     assert floored == ({"hmm_mlp_floor_seed0"} if scale == "cpu" else
                        {"hmm_transformer_floor_seed0", "hmm_mlp_floor_seed0", "hmm_late_attention_off_floor_seed0"})

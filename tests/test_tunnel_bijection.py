@@ -12,6 +12,7 @@ from scipy import stats
 
 from windtunnel.config import ConfigError
 from windtunnel.tunnels import BijectionTunnel
+from windtunnel.tunnels.bijection import _repeat_earlier
 
 # Posterior entries are ratios of small integers; float64 division is within 1 ulp of them.
 EXACT = dict(rtol=0, atol=1e-12)
@@ -143,6 +144,7 @@ def test_evaluation_horizon():
         (dict(V=5, with_replacement=True, repeat_rate=-0.1), "repeat_rate=-0.1"),
         (dict(V=5, with_replacement=True, repeat_rate=float("nan")), "repeat_rate=nan"),
         (dict(V=5, repeat_rate=0.5), "repeat_rate=0.5 needs with_replacement=true"),
+        (dict(V=5, with_replacement=True, repeat_window=-1), "repeat_window=-1 is out of range"),
     ],
 )
 def test_bad_parameters_name_the_problem(params, name):
@@ -180,3 +182,30 @@ def test_repeat_rate_zero_is_the_plain_sampler_bit_for_bit():
     a = BijectionTunnel(V=9, L=14, with_replacement=True).sample(32, generator=torch.Generator().manual_seed(4))
     b = BijectionTunnel(V=9, L=14, with_replacement=True, repeat_rate=0.0).sample(32, generator=torch.Generator().manual_seed(4))
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.posterior, b.posterior)
+
+
+@pytest.mark.parametrize("window, p_latest", [(0, 1 / 2), (1, 3 / 4)])
+def test_repeat_window_draws_recent_sources_at_the_closed_form_rate(window, p_latest):
+    """Three inputs from V = 10^6 (a fresh draw repeats an earlier one with probability
+    below 3e-6, so equal inputs are copies). Input 1 copies input 0 with probability r;
+    input 2 copies with probability r, from pair 1 with probability p_latest (1/2 for a
+    uniform source; 1/2 + 1/4 with window 1: half the time the latest pair, else uniform).
+    So the patterns of equal inputs have probabilities r^2, r (1 - r), (1 - r) r p_latest,
+    (1 - r) r (1 - p_latest), (1 - r)^2, checked by a chi-square test."""
+    r, n = 0.6, 20_000
+    tunnel = BijectionTunnel(V=10**6, L=3, with_replacement=True, repeat_rate=r, repeat_window=window)
+    # Sampling a bijection of 10^6 per row is costly: draw the inputs only, as sample() does.
+    generator = torch.Generator().manual_seed(11)
+    fresh = torch.randint(0, tunnel.V, (n, 3), generator=generator)
+    x = _repeat_earlier(fresh, r, window, generator).tolist()
+    patterns = [(a == b, c == b, c == a) for a, b, c in x]
+    observed = [
+        sum(p == (True, True, True) for p in patterns),
+        sum(p == (True, False, False) for p in patterns),
+        sum(p == (False, True, False) for p in patterns),
+        sum(p == (False, False, True) for p in patterns),
+        sum(p == (False, False, False) for p in patterns),
+    ]
+    expected = np.array([r * r, r * (1 - r), (1 - r) * r * p_latest, (1 - r) * r * (1 - p_latest), (1 - r) ** 2]) * n
+    assert sum(observed) == n
+    assert stats.chisquare(observed, expected).pvalue > 1e-4  # fails a true sampler 1 time in 10^4

@@ -62,6 +62,7 @@ AUTHORS_BIJECTION = ("tunnel.with_replacement=true",)
 #: at the scales that use the CPU presets: within a task every model sees the same training
 #: stream (SPEC §5; tests/test_reproduce.py holds the two equal).
 CPU_REPLACEMENT_CURRICULUM = (
+    "tunnel.repeat_window=3",
     "train.curriculum.param=repeat_rate",
     "train.curriculum.start=0.6",
     "train.curriculum.steps=1500",

@@ -74,6 +74,12 @@ class BijectionTunnel:
             what the match of ``x_k`` against earlier inputs learns from. The exact
             posterior is unchanged, since it conditions on the inputs shown and their
             distribution does not depend on the bijection.
+        repeat_window: with ``repeat_rate``, half of the copies come from the
+            ``repeat_window`` most recent pairs instead of any earlier pair (0, the default:
+            always any earlier pair). Copying from a uniform earlier pair makes the first
+            pair about ``ln L`` times a source on average and the last pair almost never,
+            while binding each output to its input has to be learned at every position of
+            the learned position table: recent sources spread that signal evenly.
     """
 
     name: ClassVar[str] = "bijection"
@@ -83,6 +89,7 @@ class BijectionTunnel:
     with_replacement: bool = False
     query: bool = False
     repeat_rate: float = 0.0
+    repeat_window: int = 0
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -92,6 +99,8 @@ class BijectionTunnel:
             raise ConfigError(f"repeat_rate={self.repeat_rate} is out of range: need 0 <= repeat_rate < 1")
         if self.repeat_rate > 0.0 and not self.with_replacement:
             raise ConfigError(f"repeat_rate={self.repeat_rate} needs with_replacement=true (without it inputs never repeat)")
+        if self.repeat_window < 0:
+            raise ConfigError(f"repeat_window={self.repeat_window} is out of range: need repeat_window >= 0 (0: any earlier pair)")
         if self.L is None:
             object.__setattr__(self, "L", self.V - 1)
         self.check_horizon(self.L, name="L")
@@ -134,7 +143,7 @@ class BijectionTunnel:
         if self.with_replacement:
             inputs = torch.randint(0, V, (B, n_pairs), generator=generator)  # [B, L]
             if self.repeat_rate > 0.0:
-                inputs = _repeat_earlier(inputs, self.repeat_rate, generator)
+                inputs = _repeat_earlier(inputs, self.repeat_rate, self.repeat_window, generator)
         else:
             inputs = random_permutations(B, V, generator=generator)[:, :n_pairs]  # [B, L]
         outputs = mapping.gather(1, inputs)  # [B, L]
@@ -166,15 +175,21 @@ class BijectionTunnel:
         )
 
 
-def _repeat_earlier(inputs: Tensor, rate: float, generator: torch.Generator) -> Tensor:
+def _repeat_earlier(inputs: Tensor, rate: float, window: int, generator: torch.Generator) -> Tensor:
     """``inputs`` with each entry after the first replaced, with probability ``rate``, by a
-    copy of a uniformly chosen earlier entry (of the result, so copies of copies count)."""
+    copy of an earlier entry of the result (so copies of copies count): uniform over every
+    earlier entry, or, with ``window`` > 0, half the time uniform over the ``window`` latest."""
     B, L = inputs.shape
     repeat = torch.rand(B, L, generator=generator, dtype=torch.float64) < rate  # [B, L]
     source = torch.rand(B, L, generator=generator, dtype=torch.float64)  # [B, L] uniform in [0, 1)
+    recent = torch.rand(B, L, generator=generator, dtype=torch.float64) < 0.5 if window else None  # [B, L]
     out = inputs.clone()
     for k in range(1, L):
-        j = (source[:, k] * k).long()  # [B] uniform over 0..k-1
+        if recent is None:
+            j = (source[:, k] * k).long()  # [B] uniform over 0..k-1
+        else:
+            span = torch.where(recent[:, k], min(window, k), k)  # [B]
+            j = k - 1 - (source[:, k] * span).long()  # [B] uniform over the span's latest pairs
         out[:, k] = torch.where(repeat[:, k], out.gather(1, j[:, None])[:, 0], inputs[:, k])
     return out
 
