@@ -41,7 +41,27 @@ def _sweep(config, out, *extra):
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(condition, sweep, seconds=120):
+def _kill_leftovers(out):
+    """SIGKILL every process whose command line names ``out`` (a sweep and its workers, which
+    run in their own sessions): a failed assertion must not leave 300k-step runs behind to
+    slow every later test."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        if str(out) in command:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# Generous: under a loaded CI machine two workers need a while to import torch and step.
+def _wait_for(condition, sweep, seconds=300):
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline and sweep.poll() is None, "the workers never got there"
@@ -56,24 +76,27 @@ def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_pa
     def steps():
         return [read_resume_step(out / f"seed_{s}") if (out / f"seed_{s}" / "config.json").exists() else None for s in (0, 1)]
 
-    sweep = _sweep(config, out)
-    _wait_for(lambda: all(steps()), sweep)
-    # Only the parent gets the signal (workers run in their own sessions): it must pass it on.
-    os.kill(sweep.pid, signal.SIGINT)
-    _, err = sweep.communicate(timeout=60)
-    assert sweep.returncode == 130, err
-    assert "run the same command again to resume" in err
-    stopped = steps()
-    assert all(0 < step < 300_000 for step in stopped), stopped
-    time.sleep(1.0)  # a worker still alive would keep checkpointing every few milliseconds
-    assert steps() == stopped
-    for s in (0, 1):
-        assert json.loads((out / f"seed_{s}" / "config.json").read_text())["train"]["seed"] == s
+    try:
+        sweep = _sweep(config, out)
+        _wait_for(lambda: all(steps()), sweep)
+        # Only the parent gets the signal (workers run in their own sessions): it must pass it on.
+        os.kill(sweep.pid, signal.SIGINT)
+        _, err = sweep.communicate(timeout=180)
+        assert sweep.returncode == 130, err
+        assert "run the same command again to resume" in err
+        stopped = steps()
+        assert all(0 < step < 300_000 for step in stopped), stopped
+        time.sleep(1.0)  # a worker still alive would keep checkpointing every few milliseconds
+        assert steps() == stopped
+        for s in (0, 1):
+            assert json.loads((out / f"seed_{s}" / "config.json").read_text())["train"]["seed"] == s
 
-    # The same command continues both runs from their checkpoints.
-    rerun = _sweep(config, out)
-    _wait_for(lambda: all(now > before for now, before in zip(steps(), stopped)), rerun)
-    os.kill(rerun.pid, signal.SIGINT)
-    _, err = rerun.communicate(timeout=60)
-    assert rerun.returncode == 130 and "resuming seed_0" in err and "resuming seed_1" in err
+        # The same command continues both runs from their checkpoints.
+        rerun = _sweep(config, out)
+        _wait_for(lambda: all(now > before for now, before in zip(steps(), stopped)), rerun)
+        os.kill(rerun.pid, signal.SIGINT)
+        _, err = rerun.communicate(timeout=180)
+        assert rerun.returncode == 130 and "resuming seed_0" in err and "resuming seed_1" in err
+    finally:
+        _kill_leftovers(out)
     assert all(list_snapshots(out / f"seed_{s}")[0] == 0 for s in (0, 1))  # the step-0 snapshot of the first start survives

@@ -84,7 +84,7 @@ def test_run_directory_and_loss_falls(reference_run):
     assert records[-1]["loss"] < records[0]["loss"]
     assert evals[-1]["eval_kl_bits"] < evals[0]["eval_kl_bits"]
     config = json.loads((reference_run / "config.json").read_text())
-    assert config["train"]["steps"] == 30 and config["tunnel"] == {"name": "bijection", "V": 6, "L": 5, "with_replacement": False, "query": False, "repeat_rate": 0.0}
+    assert config["train"]["steps"] == 30 and config["tunnel"] == {"name": "bijection", "V": 6, "L": 5, "with_replacement": False, "query": False, "repeat_rate": 0.0, "repeat_window": 0}
     # Log-spaced snapshots (4 per decade: round(10^(i/4))) plus step 0 and the last step.
     expected = sorted({0, 30} | {round(10 ** (i / 4)) for i in range(8) if 10 ** (i / 4) <= 30})
     assert list_snapshots(reference_run) == expected == [0, 1, 2, 3, 6, 10, 18, 30]

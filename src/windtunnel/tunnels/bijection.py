@@ -76,10 +76,10 @@ class BijectionTunnel:
             distribution does not depend on the bijection.
         repeat_window: with ``repeat_rate``, half of the copies come from the
             ``repeat_window`` most recent pairs instead of any earlier pair (0, the default:
-            always any earlier pair). Copying from a uniform earlier pair makes the first
-            pair about ``ln L`` times a source on average and the last pair almost never,
-            while binding each output to its input has to be learned at every position of
-            the learned position table: recent sources spread that signal evenly.
+            always any earlier pair). With a uniform earlier source the first pair is
+            copied about ``ln L`` times as often as an average pair and the last almost
+            never, while binding each output to its input has to be learned at every
+            position of the learned position table: recent sources spread that signal.
     """
 
     name: ClassVar[str] = "bijection"
