@@ -38,7 +38,12 @@ n = 16
 
 def _sweep(config, out, *extra):
     command = [sys.executable, "-m", "windtunnel", "sweep", str(config), "--seeds", "2", "--out", str(out), "--jobs", "2", *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Started with SIGINT ignored, as a non-interactive shell starts a background job (and as
+    # CI may run this suite): the sweep must take SIGINT anyway.
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
 
 
 def _kill_leftovers(out):

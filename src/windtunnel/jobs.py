@@ -149,9 +149,13 @@ def run_jobs(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
     last_report = 0.0
-    previous_term = None
-    if threading.current_thread() is threading.main_thread():  # SIGTERM stops the workers as Ctrl-C does
-        previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous_term = previous_int = None
+    if threading.current_thread() is threading.main_thread():
+        previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops the workers as Ctrl-C does
+        # A process started in the background by a non-interactive shell inherits SIGINT
+        # ignored, and Python then leaves it ignored: `kill -INT` would do nothing while the
+        # workers (whose trainer takes SIGINT itself) ran on. Take it, as the trainer does.
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -191,6 +195,8 @@ def run_jobs(
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _stop(running: dict[str, tuple[TrainJob, subprocess.Popen, float]]) -> None:
