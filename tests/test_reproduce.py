@@ -155,9 +155,9 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     if scale == "paper":
         assert {name for name in configs if name.startswith("hmm_transformer_seed")} == {f"hmm_transformer_seed{s}" for s in range(5)}
         assert all(config.train.steps >= 100_000 for config in configs.values())
-    # The CPU scale cuts the with-replacement and the floored transformers, so their groups are not planned.
+    # The CPU scale cuts the floored transformer, so its group is not planned.
     planned = {group.name for group, _ in plan_analyses(jobs)}
-    cut = {"bijection_replacement_transformer", "hmm_transformer_floor"} if scale == "cpu" else set()
+    cut = {"hmm_transformer_floor"} if scale == "cpu" else set()
     assert planned == {group.name for group in GROUPS} - cut
     # The authors' task variants: twins of the presets, on their sampling.
     twin = configs["hmm_mlp_floor_seed0"].tunnel
