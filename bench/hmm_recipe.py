@@ -35,12 +35,12 @@ import torch
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text
 from windtunnel.run_config import load_run_config
+from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, plateau_exit_step, read_metrics
 from windtunnel.runs import evaluate_run, read_run_config
 from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.trainer import train
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "cpu" / "hmm_transformer.toml"
-PLATEAU_EXIT_MAE = 0.08  # bits: the plateau sits at ~0.105, the settled model below 0.05
 EVAL_EVERY = 250
 HORIZONS = (20, 30, 50)
 
@@ -98,9 +98,9 @@ def run_one(recipe: str, overrides: tuple[str, ...], seed: int, until: int | Non
     except _Stop:
         pass
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run_dir_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir_path)
     evals = [(r["step"], r["eval_mae_bits"], r["eval_kl_bits"]) for r in records if "eval_mae_bits" in r]
-    exit_step = next((step for step, mae, _ in evals if mae < PLATEAU_EXIT_MAE), None)
+    exit_step = plateau_exit_step(records)
     scores = evaluate_run(run_dir_path, horizons=HORIZONS, write=False)
     result = {
         **identity,
@@ -169,7 +169,7 @@ def main() -> None:
         "preset": str(PRESET.name),
         "steps": total_steps,
         "until": args.until,
-        "plateau_exit_mae_bits": PLATEAU_EXIT_MAE,
+        "plateau_exit_mae_bits": HMM_PLATEAU_EXIT_MAE_BITS,
         "runs_in": str(out),
         "recipes": {
             name: {"overrides": list(overrides), **summarize([r for r in runs if r["recipe"] == name], total_steps)}

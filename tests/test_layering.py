@@ -22,9 +22,10 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     "windtunnel.config": set(),
     "windtunnel.metrics": set(),
     "windtunnel.files": set(),
+    "windtunnel.history": set(),
     # The report reads saved results only: never a model, a tunnel or the trainer (jobs and
     # reproduce appear in its type hints: the runs table takes the reproduction's plan).
-    "windtunnel.report": {"windtunnel.files", "windtunnel.jobs", "windtunnel.reproduce"},
+    "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.jobs", "windtunnel.reproduce"},
 }
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
 from windtunnel.files import atomic_write_text
+from windtunnel.history import METRICS_FILE
 from windtunnel.models import build_model
 from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
 from windtunnel.training.checkpoint import (
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
 
 
