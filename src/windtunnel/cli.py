@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ import torch
 
 from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
+from windtunnel.files import LOCK_FILE, DirectoryInUse, directory_lock, has_content
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
 from windtunnel.reproduce import reproduce
 from windtunnel.run_config import load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
-from windtunnel.training.checkpoint import CheckpointError
+from windtunnel.training.checkpoint import CheckpointError, read_resume_step
 from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, train
 from windtunnel.tunnels import TUNNELS, make_tunnel
 
@@ -179,30 +182,63 @@ def _cmd_info(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+@contextmanager
+def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
+    """Hold ``directory``'s writer lock for the command (see :mod:`windtunnel.files`).
+
+    Only rank 0 of a ``torchrun`` launch takes it (the other ranks write nothing). A
+    directory that does not exist is left to the command's own checks, or with ``create``
+    made for the lock, and removed again if the command fails before writing into it.
+    """
+    if int(os.environ.get("RANK", "0")) != 0 or (not directory.is_dir() and not create):
+        yield
+        return
+    made = not directory.exists()
+    if made:
+        directory.mkdir(parents=True)
+    try:
+        with directory_lock(directory):
+            yield
+    except BaseException:
+        if made and directory.is_dir() and not has_content(directory):
+            (directory / LOCK_FILE).unlink(missing_ok=True)
+            directory.rmdir()
+        raise
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
     if args.resume:
         if args.config or args.out:
             raise ConfigError("--resume RUN_DIR continues an existing run: give no CONFIG and no --out")
-        config = prepare_resume(Path(args.resume), args.overrides, force=args.force)
         run_dir, resume = Path(args.resume), True
+        with _one_writer(run_dir):
+            config = prepare_resume(run_dir, args.overrides, force=args.force)
+            if read_resume_step(run_dir) is None:
+                print(f"windtunnel: {str(run_dir)!r} saved no checkpoint before it stopped: training it from step 0",
+                      file=sys.stderr)
+            result = train(config, run_dir, resume=resume, progress=not args.quiet)
     else:
         if not args.config or not args.out:
             raise ConfigError("train needs CONFIG and --out RUN_DIR (or --resume RUN_DIR)")
         config = load_run_config(args.config, args.overrides)
         run_dir, resume = Path(args.out), False
-        prepare_new_run(run_dir)
-    result = train(config, run_dir, resume=resume, progress=not args.quiet)
+        prepare_new_run(run_dir)  # refuse before anything is created
+        with _one_writer(run_dir, create=True):
+            prepare_new_run(run_dir)  # again, holding the lock: another command may have started here meanwhile
+            result = train(config, run_dir, resume=resume, progress=not args.quiet)
     summary = {"run_dir": str(result.run_dir), "steps": result.steps, "wall_s": round(result.wall_s, 1), **(result.final_eval or {})}
     print(json.dumps(summary))
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
-    result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
+    with _one_writer(Path(args.run_dir)):
+        result = evaluate_run(Path(args.run_dir), horizons=args.horizons, n=args.n, step=args.step, relabel=args.relabel)
     print(format_table(result))
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
-    index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run)
+    with _one_writer(Path(args.out), create=True):
+        index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run)
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
 
@@ -213,12 +249,16 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     for seed in range(base.train.seed, base.train.seed + args.seeds):
         overrides = (*args.overrides, f"train.seed={seed}")
         jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
-    run_jobs(jobs, parallel=args.jobs)
+    with _one_writer(out, create=True):
+        run_jobs(jobs, parallel=args.jobs)
     print(json.dumps({"runs": [str(job.run_dir) for job in jobs], "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
 
 
 def _cmd_analyze(args: argparse.Namespace) -> None:
-    written = analyze([Path(d) for d in args.run_dirs], only=args.only, out=Path(args.out) if args.out else None)
+    run_dirs = [Path(d) for d in args.run_dirs]
+    # It writes into --out, or into the one run's directory (RUN_DIR/analysis).
+    with _one_writer(Path(args.out), create=True) if args.out else _one_writer(run_dirs[0]):
+        written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None)
     print(json.dumps({name: str(path) for name, path in written.items()}))
 
 
@@ -255,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except (ConfigError, CheckpointError) as error:
+    except (ConfigError, CheckpointError, DirectoryInUse) as error:
         print(f"windtunnel: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except TrainingDiverged as error:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "plateau_exit_step", "read_metrics"]
+__all__ = ["HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "parse_metrics", "plateau_exit_step", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -21,12 +21,39 @@ METRICS_FILE = "metrics.jsonl"
 HMM_PLATEAU_EXIT_MAE_BITS = 0.08
 
 
+class MetricsError(ValueError):
+    """A line of ``metrics.jsonl`` before the last is not a JSON record."""
+
+
+def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The records of the metrics file at ``path``, and whether its last line was cut short.
+
+    Lines are appended as a run goes, so a crash can leave the last one half written:
+    that line is dropped (and reported in the second value). A bad line anywhere else is
+    not a crash's doing and raises :class:`MetricsError` naming the file and line.
+    """
+    lines = [line for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or "step" not in record:
+            if number == len(lines):
+                return records, True
+            raise MetricsError(f"{str(path)!r} line {number} is not a metrics record: {line[:60]!r}")
+        records.append(record)
+    return records, False
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The run's ``metrics.jsonl`` records, oldest first (none if it has not logged yet)."""
+    """The run's ``metrics.jsonl`` records, oldest first (none if it has not logged yet; a
+    last line cut short by a crash is left out)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_metrics(path)[0]
 
 
 def plateau_exit_step(records: Sequence[dict[str, Any]], threshold: float = HMM_PLATEAU_EXIT_MAE_BITS) -> int | None:

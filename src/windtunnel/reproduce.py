@@ -36,7 +36,7 @@ from typing import Any
 
 from windtunnel.config import ConfigError
 from windtunnel.jobs import TrainJob, job_state, run_jobs
-from windtunnel.files import atomic_write_text
+from windtunnel.files import atomic_write_text, has_content
 from windtunnel.report.build import INIT_DIR
 
 __all__ = ["SCALES", "AnalysisGroup", "Scale", "plan_analyses", "plan_runs", "reproduce"]
@@ -330,7 +330,7 @@ def reproduce(
     scale, out = SCALES[scale_name], Path(out)
     say = report or (lambda line: print(line, file=sys.stderr, flush=True))
     state = _read_state(out)
-    if out.exists() and any(out.iterdir()) and not resume:
+    if out.exists() and has_content(out) and not resume:
         raise ConfigError(f"--out {str(out)!r} is not empty: continue that reproduction with --resume, or choose a new directory")
     if state and state.get("scale") != scale.name:
         raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")

@@ -17,12 +17,11 @@ from torch import nn
 
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
-from windtunnel.files import atomic_write_text
+from windtunnel.files import atomic_write_text, has_content
 from windtunnel.history import METRICS_FILE
 from windtunnel.models import build_model
 from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
 from windtunnel.training.checkpoint import (
-    RESUME_FILE,
     CheckpointError,
     list_snapshots,
     load_resume,
@@ -75,18 +74,19 @@ def prepare_new_run(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {str(run_dir)!r} is a file: give a new or empty directory")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and has_content(run_dir):
         raise ConfigError(
             f"--out {str(run_dir)!r} is not empty: continue its run with --resume {run_dir} or choose a new directory"
         )
 
 
 def prepare_resume(run_dir: Path, overrides: Sequence[str] = (), *, force: bool = False) -> RunConfig:
-    """The config to resume ``run_dir`` with: its own, unless ``overrides`` change it (then ``force`` is needed)."""
+    """The config to resume ``run_dir`` with: its own, unless ``overrides`` change it (then ``force`` is needed).
+
+    A run that saved no checkpoint yet resumes from step 0 (the trainer starts it again in place).
+    """
     run_dir = Path(run_dir)
     stored = read_run_config(run_dir)
-    if read_resume_step(run_dir) is None:
-        raise CheckpointError(f"{str(run_dir)!r} has no {RESUME_FILE} to resume from (the run saved no checkpoint yet)")
     if not overrides:
         return stored
     config = run_config_from_mapping(stored.to_mapping(), overrides)
@@ -94,6 +94,8 @@ def prepare_resume(run_dir: Path, overrides: Sequence[str] = (), *, force: bool 
         changes = _differences(stored.to_mapping(), config.to_mapping())
         if not force:
             raise ConfigError(f"resuming with a changed config is refused ({'; '.join(changes)}); pass --force to accept")
+        if read_resume_step(run_dir) is not None:  # the checkpoint must fit the changed config before it is recorded
+            load_resume(run_dir, build_run_model(config))
         atomic_write_text(run_dir / CONFIG_FILE, config.to_json())
     return config
 

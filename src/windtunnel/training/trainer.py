@@ -34,11 +34,14 @@ from torch import nn
 from windtunnel import __version__
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.files import atomic_write_text
+from windtunnel.history import MetricsError, parse_metrics
 from windtunnel.models import count_params
 from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
 from windtunnel.training.checkpoint import (
+    CheckpointError,
     load_resume,
+    read_resume_step,
     save_resume,
     save_snapshot,
     snapshot_steps,
@@ -51,7 +54,7 @@ __all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted", "data_seed"
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+    """The loss became NaN or infinite; the last checkpoint (if any) is kept."""
 
 
 class TrainingInterrupted(RuntimeError):
@@ -158,11 +161,18 @@ def _append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
-    """Drop metric lines past ``step`` (they will be recomputed by the resumed run)."""
+    """Drop metric lines past ``step`` (they will be recomputed by the resumed run), and a
+    last line that a crash left half written (with a warning)."""
     path = run_dir / METRICS_FILE
     if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
+        try:
+            records, cut = parse_metrics(path)
+        except MetricsError as error:
+            raise CheckpointError(f"{error}; repair or remove that line, then resume again") from None
+        if cut:
+            print(f"windtunnel: warning: dropped the half-written last line of {str(path)!r}", file=sys.stderr)
+        kept = [record for record in records if record["step"] <= step]
+        atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
 
 
 def train(
@@ -222,7 +232,10 @@ def _train(
     optimizer = _optimizer(model, config)
     start = 0
     if resume:
-        start, _ = load_resume(run_dir, model, optimizer)
+        # A run that died before its first checkpoint starts again from step 0 in place: its
+        # batches depend on (seed, rank, step) alone, so that is the run it would have been.
+        if read_resume_step(run_dir) is not None:
+            start, _ = load_resume(run_dir, model, optimizer)
         if dist.is_main:
             _truncate_metrics(run_dir, start)
     elif dist.is_main:
@@ -277,9 +290,10 @@ def _train(
             # agrees on divergence and on the step at which to stop.
             loss_value, stop = dist.mean(torch.stack([loss.detach().float(), torch.tensor(float(interrupt.requested), device=loss.device)]))
             if not torch.isfinite(loss_value):
+                saved = read_resume_step(run_dir)
+                kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
                 raise TrainingDiverged(
-                    f"loss became {loss_value.item()} at step {step + 1}; the last good checkpoint is kept "
-                    "(lower train.lr or keep train.grad_clip > 0)"
+                    f"loss became {loss_value.item()} at step {step + 1}; {kept} (lower train.lr or keep train.grad_clip > 0)"
                 )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,0 +1,206 @@
+"""Run directories stay usable: one writer at a time, refusals that change nothing on disk,
+and no dead ends (a run that died before its first checkpoint, a half-written metrics line)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import safetensors.torch
+import torch
+
+from windtunnel.cli import main
+from windtunnel.files import DirectoryInUse, directory_lock
+from windtunnel.history import MetricsError, parse_metrics, read_metrics
+from windtunnel.run_config import load_run_config
+from windtunnel.training import trainer as trainer_module
+from windtunnel.training.checkpoint import read_resume_step, snapshot_path
+from windtunnel.training.trainer import TrainingDiverged, train
+
+SMALL = """
+[tunnel]
+name = "bijection"
+V = 6
+[model]
+kind = "transformer"
+n_layers = 2
+n_heads = 2
+d_model = 16
+d_mlp = 32
+[train]
+steps = 30
+batch_size = 32
+eval_every = 10
+checkpoint_every = 10
+log_every = 5
+[eval]
+n = 64
+bootstrap = 20
+"""
+
+
+def write_config(folder: Path) -> Path:
+    path = folder / "small.toml"
+    path.write_text(SMALL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    assert main(["train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet"]) == 0
+    return folder / "run"
+
+HOLD = "import sys, time; from pathlib import Path; from windtunnel.files import directory_lock\n" \
+       "with directory_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)\n"
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_held_lock_refuses_others_and_dies_with_its_process(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(DirectoryInUse, match=f"in use by another windtunnel command \\(pid {holder.pid}\\)"):
+            with directory_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no cleanup code runs: the OS alone must release the lock
+        holder.wait(timeout=30)
+    with directory_lock(tmp_path):  # not stale
+        pass
+    with directory_lock(tmp_path):  # and released by a normal exit too
+        pass
+
+
+def test_two_trains_started_together_on_one_out_one_wins(tmp_path):
+    config, out = write_config(tmp_path), tmp_path / "run"
+    command = [sys.executable, "-m", "windtunnel", "train", str(config), "--out", str(out), "--quiet"]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in processes]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results  # before the lock both exited 0, each step logged twice
+    loser = next(err for code, err in results if code == 2)
+    assert ("is in use by another windtunnel command" in loser or "is not empty" in loser) and "Traceback" not in loser
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == sorted(set(steps)) and steps[-1] == 30  # each logged step once
+
+
+def test_eval_and_resume_wait_for_the_writer(reference_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    before = _tree(run_dir)
+    with directory_lock(run_dir):  # as a training run holds it
+        for args in (["eval", str(run_dir)], ["train", "--resume", str(run_dir)],
+                     ["analyze", str(run_dir), "--only", "calibration"],
+                     ["train", str(write_config(tmp_path)), "--out", str(run_dir)]):
+            assert main(args) == 2, args
+            err = capsys.readouterr().err
+            assert f"pid {os.getpid()}" in err or "is not empty" in err, (args, err)
+            assert len(err.strip().splitlines()) == 1
+    assert _tree(run_dir) == before
+
+
+def test_resume_force_with_a_model_the_checkpoint_does_not_fit_changes_nothing(reference_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    before = _tree(run_dir)
+    code = main(["train", "--resume", str(run_dir), "--force", "--set", "model.d_model=32", "--set", "model.d_mlp=64"])
+    assert code == 2 and "does not fit" in capsys.readouterr().err
+    assert _tree(run_dir) == before  # it used to rewrite config.json first, leaving the run unloadable
+    assert main(["eval", str(run_dir), "--n", "64"]) == 0  # still usable
+
+
+def test_a_refused_command_leaves_no_new_directory(tmp_path, capsys):
+    out = tmp_path / "new" / "reproduction"
+    assert main(["reproduce", "--scale", "huge", "--out", str(out)]) == 2
+    assert "unknown --scale" in capsys.readouterr().err
+    assert not out.exists()
+
+
+class _Crash(Exception):
+    """Stands for a kill: the run stops after a step, saving nothing more."""
+
+
+def _crash_at(step: int):
+    def on_step(done: int) -> None:
+        if done == step:
+            raise _Crash
+
+    return on_step
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(snapshot_path(run_dir, 30)))
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _final_weights(a), _final_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_run_that_died_before_its_first_checkpoint_resumes_from_step_0(reference_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = load_run_config(write_config(tmp_path))
+    with pytest.raises(_Crash):
+        train(config, run_dir, progress=False, on_step=_crash_at(7))  # checkpoints every 10 steps
+    assert read_resume_step(run_dir) is None and (run_dir / "config.json").is_file()
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0  # it used to say "no resume.safetensors"
+    assert "training it from step 0" in capsys.readouterr().err
+    _assert_same_weights(run_dir, reference_run)  # the run it would have been
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == 30
+
+
+def test_a_half_written_last_metrics_line_is_dropped_on_resume(reference_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = load_run_config(write_config(tmp_path))
+    with pytest.raises(_Crash):
+        train(config, run_dir, progress=False, on_step=_crash_at(15))
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 20, "loss": 1.2')  # what a crash mid-append leaves
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0  # it used to end in a traceback
+    err = capsys.readouterr().err
+    assert "dropped the half-written last line" in err and "Traceback" not in err
+    _assert_same_weights(run_dir, reference_run)
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == list(range(5, 31, 5))  # log_every 5: each once, none lost
+
+
+def test_a_bad_metrics_line_before_the_last_is_named_not_dropped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 5}\nnot json\n{"step": 10}\n')
+    with pytest.raises(MetricsError, match="line 2 is not a metrics record"):
+        parse_metrics(path)
+    path.write_text('{"step": 5}\n{"step": 10}\n[1, 2')
+    assert parse_metrics(path) == ([{"step": 5}, {"step": 10}], True)
+    path.write_text('{"step": 5}\n{"step": 10}\n')
+    assert parse_metrics(path) == ([{"step": 5}, {"step": 10}], False)
+
+
+def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch):
+    real_loss = trainer_module._loss
+    calls = {"n": 0}
+
+    def loss_that_breaks(*args):
+        calls["n"] += 1
+        loss = real_loss(*args)
+        return loss * float("nan") if calls["n"] == 4 else loss
+
+    monkeypatch.setattr(trainer_module, "_loss", loss_that_breaks)
+    config = load_run_config(write_config(tmp_path))
+    with pytest.raises(TrainingDiverged, match="at step 4; no checkpoint was saved yet"):
+        train(config, tmp_path / "run", progress=False)
+    calls["n"] = 0
+    with pytest.raises(TrainingDiverged, match="at step 4; no checkpoint was saved yet"):  # a restart from 0 replays it
+        train(config, tmp_path / "run", resume=True, progress=False)
+    monkeypatch.setattr(trainer_module, "_loss", real_loss)
+    assert train(config, tmp_path / "run", resume=True, progress=False).steps == 30
