@@ -119,11 +119,19 @@ def test_resume_force_with_a_model_the_checkpoint_does_not_fit_changes_nothing(r
     assert main(["eval", str(run_dir), "--n", "64"]) == 0  # still usable
 
 
-def test_a_refused_command_leaves_no_new_directory(tmp_path, capsys):
+def test_a_refused_command_leaves_no_trace(reference_run, tmp_path, capsys):
     out = tmp_path / "new" / "reproduction"
     assert main(["reproduce", "--scale", "huge", "--out", str(out)]) == 2
     assert "unknown --scale" in capsys.readouterr().err
-    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # neither the folder made for the lock nor its parent is left
+    # In an existing directory that had no lock file yet, a refusal leaves none either.
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    (run_dir / ".lock").unlink()
+    before = _tree(run_dir)
+    assert main(["eval", str(run_dir), "--horizons", "9"]) == 2
+    assert "--horizons=9 is out of range" in capsys.readouterr().err
+    assert _tree(run_dir) == before
 
 
 class _Crash(Exception):

@@ -22,7 +22,7 @@ import torch
 
 from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
-from windtunnel.files import LOCK_FILE, DirectoryInUse, directory_lock, has_content
+from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
 from windtunnel.reproduce import reproduce
@@ -188,21 +188,23 @@ def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
 
     Only rank 0 of a ``torchrun`` launch takes it (the other ranks write nothing). A
     directory that does not exist is left to the command's own checks, or with ``create``
-    made for the lock, and removed again if the command fails before writing into it.
+    made for the lock (with its missing parents), and removed again if the command fails
+    before writing into it.
     """
     if int(os.environ.get("RANK", "0")) != 0 or (not directory.is_dir() and not create):
         yield
         return
-    made = not directory.exists()
-    if made:
-        directory.mkdir(parents=True)
+    made = [d for d in (directory, *directory.parents) if not d.exists()]  # innermost first
+    directory.mkdir(parents=True, exist_ok=True)
     try:
         with directory_lock(directory):
             yield
+    except DirectoryInUse:
+        raise  # the holder made or owns it: nothing here is ours to remove
     except BaseException:
-        if made and directory.is_dir() and not has_content(directory):
-            (directory / LOCK_FILE).unlink(missing_ok=True)
-            directory.rmdir()
+        for folder in made:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
 
 

@@ -63,6 +63,7 @@ def directory_lock(directory: Path) -> Iterator[None]:
         DirectoryInUse: another process holds it (the message names that process's pid).
     """
     path = Path(directory) / LOCK_FILE
+    created = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
@@ -77,6 +78,10 @@ def directory_lock(directory: Path) -> Iterator[None]:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             yield
+        except BaseException:
+            if created:  # a failed command leaves the directory as it found it
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.ftruncate(fd, 0)  # no pid of a finished holder is left to mislead
     finally:
