@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+import windtunnel as windtunnel_package
 
 
 def windtunnel(*args: str) -> subprocess.CompletedProcess:
@@ -60,6 +63,8 @@ def test_table_format():
         (["sample", "hmm", "--set", "concentration=0"], "concentration=0.0 is out of range"),
         (["sample", "bijection", "--set", "V=1"], "V=1 is out of range"),
         (["sample", "bijection", "--n", "0"], "argument --n: 0 is out of range"),
+        (["sample", "bijection", "--n", "abc"], "argument --n: 'abc' is not an integer: need an integer >= 1"),
+        (["sample", "hmm", "--set", "concentration=inf"], "concentration=inf is out of range: need a finite number"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -68,3 +73,9 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1  # one line, no traceback, no usage dump
     assert result.stdout == ""
+
+
+def test_version_names_the_package_and_torch():
+    result = windtunnel("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"windtunnel {windtunnel_package.__version__} (torch {torch.__version__})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from windtunnel.config import ConfigError, apply_overrides, from_mapping, parse_text, to_mapping
+from windtunnel.run_config import TrainConfig
 from windtunnel.tunnels import BijectionTunnel, HMMTunnel, make_tunnel, tunnel_class
 
 
@@ -63,3 +64,25 @@ def test_parse_text_bool_words():
     assert parse_text("on", bool, "x") is True and parse_text("0", bool, "x") is False
     with pytest.raises(ConfigError, match="expected bool"):
         parse_text("maybe", bool, "x")
+
+
+@pytest.mark.parametrize(
+    "cls, field, value, message",
+    [
+        (HMMTunnel, "concentration", float("nan"), "concentration=nan is out of range: need a finite number"),
+        (HMMTunnel, "grid", float("inf"), "grid=inf is out of range: need a finite number"),
+        # inside a list, and under a union with None: still "out of range", never "wrong type"
+        (HMMTunnel, "initial", (float("nan"), 0.5, 0.5), "initial[0]=nan is out of range: need a finite number"),
+        (TrainConfig, "lr", float("inf"), "lr=inf is out of range: need a finite number"),
+        (TrainConfig, "weight_decay", float("nan"), "weight_decay=nan is out of range"),
+        (TrainConfig, "grad_clip", float("nan"), "grad_clip=nan is out of range"),  # NaN used to turn clipping off
+        (TrainConfig, "seed", 2**63, "seed=9223372036854775808 is out of range: need an integer that fits in 64 bits"),
+    ],
+)
+def test_values_no_parameter_can_take_are_out_of_range(cls, field, value, message):
+    # NaN passes every comparison-based range check (each comparison is false), so the
+    # check has to be its own; these used to be accepted and diverge (or silently misbehave).
+    with pytest.raises(ConfigError) as info:
+        cls(**{field: value})
+    assert message in str(info.value)
+    assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1  # the largest that fits is fine

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from windtunnel import __version__
 from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.config import ConfigError
 from windtunnel.files import DirectoryInUse, directory_lock
@@ -45,7 +46,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: need an integer >= 1") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is out of range: need an integer >= 1")
     return value
@@ -57,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Bayesian wind tunnels: sample tasks with exact posteriors, train and evaluate models on them, "
         "analyze how they match Bayes, and reproduce the paper (windtunnel reproduce).",
     )
+    parser.add_argument("--version", action="version", version=f"windtunnel {__version__} (torch {torch.__version__})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sample = commands.add_parser(

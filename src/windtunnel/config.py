@@ -16,6 +16,7 @@ one line that names the parameter, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,10 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+class _OutOfRange(ConfigError):
+    """A value of the right type that no parameter can take (NaN, inf, an int beyond 64 bits)."""
+
+
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
     """Return ``value`` as ``annotation`` (lists become tuples, ints become floats), or raise."""
     origin = get_origin(annotation)
@@ -55,6 +60,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         for option in get_args(annotation):
             try:
                 return _coerce(value, option, name)
+            except _OutOfRange:
+                raise  # the right type with an impossible value: say so, not "wrong type"
             except ConfigError:
                 continue
     elif origin is Literal:
@@ -73,10 +80,14 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             return value
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -(2**63) <= value < 2**63:  # seeds and sizes become int64 (torch generators, tensor shapes)
+                raise _OutOfRange(f"{name}={value} is out of range: need an integer that fits in 64 bits")
             return value
     elif annotation is float:
         # An int is a fine float (``grid = 1`` in a file), a bool is not.
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # NaN passes every range check (all comparisons are false)
+                raise _OutOfRange(f"{name}={value} is out of range: need a finite number")
             return float(value)
     elif annotation is str:
         if isinstance(value, str):
