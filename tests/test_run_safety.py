@@ -23,38 +23,10 @@ from windtunnel.training import trainer as trainer_module
 from windtunnel.training.checkpoint import read_resume_step, snapshot_path
 from windtunnel.training.trainer import TrainingDiverged, train
 
-SMALL = """
-[tunnel]
-name = "bijection"
-V = 6
-[model]
-kind = "transformer"
-n_layers = 2
-n_heads = 2
-d_model = 16
-d_mlp = 32
-[train]
-steps = 30
-batch_size = 32
-eval_every = 10
-checkpoint_every = 10
-log_every = 5
-[eval]
-n = 64
-bootstrap = 20
-"""
-
-
-def write_config(folder: Path) -> Path:
-    path = folder / "small.toml"
-    path.write_text(SMALL)
-    return path
-
-
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> Path:
+def reference_run(tmp_path_factory, write_config) -> Path:
     folder = tmp_path_factory.mktemp("reference")
-    assert main(["train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet"]) == 0
+    assert main(["train", str(write_config(folder, checkpoint_every=10)), "--out", str(folder / "run"), "--quiet"]) == 0
     return folder / "run"
 
 HOLD = "import sys, time; from pathlib import Path; from windtunnel.files import directory_lock\n" \
@@ -81,8 +53,8 @@ def test_a_held_lock_refuses_others_and_dies_with_its_process(tmp_path):
         pass
 
 
-def test_two_trains_started_together_on_one_out_one_wins(tmp_path):
-    config, out = write_config(tmp_path), tmp_path / "run"
+def test_two_trains_started_together_on_one_out_one_wins(tmp_path, write_config):
+    config, out = write_config(tmp_path, checkpoint_every=10), tmp_path / "run"
     command = [sys.executable, "-m", "windtunnel", "train", str(config), "--out", str(out), "--quiet"]
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in processes]
@@ -94,14 +66,14 @@ def test_two_trains_started_together_on_one_out_one_wins(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 30  # each logged step once
 
 
-def test_eval_and_resume_wait_for_the_writer(reference_run, tmp_path, capsys):
+def test_eval_and_resume_wait_for_the_writer(reference_run, tmp_path, capsys, write_config):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     before = _tree(run_dir)
     with directory_lock(run_dir):  # as a training run holds it
         for args in (["eval", str(run_dir)], ["train", "--resume", str(run_dir)],
                      ["analyze", str(run_dir), "--only", "calibration"],
-                     ["train", str(write_config(tmp_path)), "--out", str(run_dir)]):
+                     ["train", str(write_config(tmp_path, checkpoint_every=10)), "--out", str(run_dir)]):
             assert main(args) == 2, args
             err = capsys.readouterr().err
             assert f"pid {os.getpid()}" in err or "is not empty" in err, (args, err)
@@ -155,9 +127,9 @@ def _assert_same_weights(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_run_that_died_before_its_first_checkpoint_resumes_from_step_0(reference_run, tmp_path, capsys):
+def test_a_run_that_died_before_its_first_checkpoint_resumes_from_step_0(reference_run, tmp_path, capsys, write_config):
     run_dir = tmp_path / "run"
-    config = load_run_config(write_config(tmp_path))
+    config = load_run_config(write_config(tmp_path, checkpoint_every=10))
     with pytest.raises(_Crash):
         train(config, run_dir, progress=False, on_step=_crash_at(7))  # checkpoints every 10 steps
     assert read_resume_step(run_dir) is None and (run_dir / "config.json").is_file()
@@ -168,9 +140,9 @@ def test_a_run_that_died_before_its_first_checkpoint_resumes_from_step_0(referen
     assert steps == sorted(set(steps)) and steps[-1] == 30
 
 
-def test_a_half_written_last_metrics_line_is_dropped_on_resume(reference_run, tmp_path, capsys):
+def test_a_half_written_last_metrics_line_is_dropped_on_resume(reference_run, tmp_path, capsys, write_config):
     run_dir = tmp_path / "run"
-    config = load_run_config(write_config(tmp_path))
+    config = load_run_config(write_config(tmp_path, checkpoint_every=10))
     with pytest.raises(_Crash):
         train(config, run_dir, progress=False, on_step=_crash_at(15))
     with open(run_dir / "metrics.jsonl", "a") as f:
@@ -194,7 +166,7 @@ def test_a_bad_metrics_line_before_the_last_is_named_not_dropped(tmp_path):
     assert parse_metrics(path) == ([{"step": 5}, {"step": 10}], False)
 
 
-def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch):
+def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch, write_config):
     real_loss = trainer_module._loss
     calls = {"n": 0}
 
@@ -204,7 +176,7 @@ def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypat
         return loss * float("nan") if calls["n"] == 4 else loss
 
     monkeypatch.setattr(trainer_module, "_loss", loss_that_breaks)
-    config = load_run_config(write_config(tmp_path))
+    config = load_run_config(write_config(tmp_path, checkpoint_every=10))
     with pytest.raises(TrainingDiverged, match="at step 4; no checkpoint was saved yet"):
         train(config, tmp_path / "run", progress=False)
     calls["n"] = 0

@@ -22,36 +22,6 @@ from windtunnel.training.checkpoint import RESUME_FILE, list_snapshots, read_res
 from windtunnel.training.schedule import learning_rate
 from windtunnel.training.trainer import TrainingDiverged, data_seed, train
 
-TINY = """
-[tunnel]
-name = "bijection"
-V = 6
-[model]
-kind = "transformer"
-n_layers = 2
-n_heads = 2
-d_model = 16
-d_mlp = 32
-[train]
-steps = {steps}
-batch_size = 32
-lr = 3e-3
-eval_every = 10
-checkpoint_every = {checkpoint_every}
-log_every = 5
-[eval]
-n = 128
-batch_size = 64
-bootstrap = 50
-"""
-
-
-def write_config(folder: Path, steps: int = 30, checkpoint_every: int = 5) -> Path:
-    path = folder / "tiny.toml"
-    path.write_text(TINY.format(steps=steps, checkpoint_every=checkpoint_every))
-    return path
-
-
 def windtunnel(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=300, **kwargs)
 
@@ -67,7 +37,7 @@ def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> Path:
+def reference_run(tmp_path_factory, write_config) -> Path:
     """An uninterrupted 30-step run, trained through the command line."""
     folder = tmp_path_factory.mktemp("reference")
     result = windtunnel("train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet")
@@ -93,7 +63,7 @@ def test_run_directory_and_loss_falls(reference_run):
     assert read_resume_step(reference_run) == 30
 
 
-def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
+def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path, write_config):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path)
     process = subprocess.Popen(
@@ -118,7 +88,7 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path):
     assert steps == sorted(set(steps))  # lines past the checkpoint were dropped, then rewritten once
 
 
-def test_ctrl_c_saves_and_resumes(reference_run, tmp_path):
+def test_ctrl_c_saves_and_resumes(reference_run, tmp_path, write_config):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "windtunnel", "train", str(write_config(tmp_path, checkpoint_every=1000)), "--out", str(run_dir), "--quiet"],
@@ -139,7 +109,7 @@ def test_ctrl_c_saves_and_resumes(reference_run, tmp_path):
     assert_bit_identical(final_weights(run_dir, 30), final_weights(reference_run, 30))
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, write_config):
     real_loss = trainer_module._loss
     calls = {"n": 0}
 
@@ -158,7 +128,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert result.steps == 30
 
 
-def test_bad_run_directories_exit_2(reference_run, tmp_path):
+def test_bad_run_directories_exit_2(reference_run, tmp_path, write_config):
     cases = [
         (["train", "--resume", str(tmp_path / "nope")], "does not exist"),
         (["train", "--resume", str(tmp_path)], "is not a run directory"),
@@ -223,7 +193,7 @@ def test_data_streams_are_disjoint_and_reproducible():
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_keep_ranks_identical(tmp_path):
+def test_ddp_two_processes_keep_ranks_identical(tmp_path, write_config):
     config = write_config(tmp_path, steps=20, checkpoint_every=10)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
@@ -246,7 +216,7 @@ class _Crash(RuntimeError):
     pass
 
 
-def test_compiled_training_resumes_exactly_and_follows_the_plain_curve(tmp_path):
+def test_compiled_training_resumes_exactly_and_follows_the_plain_curve(tmp_path, write_config):
     """``train.compile``: a crashed compiled run resumes bit-identical to an uninterrupted
     compiled one; against the plain step it changes only the floating-point path."""
     path = write_config(tmp_path, steps=12, checkpoint_every=6)
