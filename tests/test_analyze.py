@@ -7,6 +7,7 @@ import json
 import pytest
 from matplotlib import image
 
+from windtunnel.analysis.runner import ANALYSES
 from windtunnel.cli import main
 from windtunnel.run_config import run_config_from_mapping
 from windtunnel.training.trainer import train
@@ -30,7 +31,16 @@ def runs(tmp_path_factory):
 
 def test_analyze_one_run_writes_json_and_png(runs, capsys):
     assert main(["analyze", str(runs / "seed0")]) == 0
-    written = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    written = json.loads(captured.out)
+    # stderr says, as it goes, what was written and what was skipped and why
+    progress = captured.err.splitlines()
+    assert {line.split(":")[0] for line in progress if line.startswith("[analyze] wrote ")} == {
+        f"[analyze] wrote {name}" for name in written
+    }
+    skipped = [line for line in progress if line.startswith("[analyze] skipped ")]
+    assert any(line.startswith("[analyze] skipped relabeling: ") for line in skipped)
+    assert len(written) + len(skipped) == len(ANALYSES) and len(progress) == len(ANALYSES)
     # Everything that applies to one bijection run; comparisons need several models, and
     # relabeling permutes hidden states, which the bijection has not.
     assert {"layer_ablation", "head_ablation", "length_generalization"} <= set(written)

@@ -25,7 +25,7 @@ def transformer_params(L: int, d: int, d_mlp: int, vocab: int, classes: int, max
 @functools.lru_cache(maxsize=None)
 def info(name: str) -> dict:
     result = subprocess.run(
-        [sys.executable, "-m", "windtunnel", "info", str(PAPER / name)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "windtunnel", "info", str(PAPER / name), "--json"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -59,3 +59,18 @@ def test_mlp_controls_match_within_one_percent(name, transformer):
     d, h, n = 192 if "bij" in name else 256, mlp["d_hidden"], mlp["n_blocks"]
     vocab, classes, max_len = (40, 20, 38) if "bij" in name else (106, 5, 100)
     assert mlp["params"] == (vocab + max_len) * d + n * (2 * d + d * h + h + h * d + d) + 2 * d + d * classes + classes
+
+
+def test_info_prints_a_table_of_the_same_counts_without_json():
+    result = subprocess.run(
+        [sys.executable, "-m", "windtunnel", "info", str(PAPER / "hmm_mlp.toml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = dict(line.strip().rsplit(None, 1) for line in lines)
+    rows = {name.strip(): value for name, value in rows.items()}
+    parts = {line.strip().rsplit(None, 1)[0].strip() for line in lines if line.startswith("  ")}
+    counts = info("hmm_mlp.toml")
+    assert rows["parameters"] == f"{counts['params']:,}"
+    assert {part: rows[part] for part in parts} == {part: f"{count:,}" for part, count in counts["params_by_part"].items()}
+    assert rows["mismatch"] == f"{counts['mismatch']:+.4%}"

@@ -23,6 +23,7 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     "windtunnel.metrics": set(),
     "windtunnel.files": set(),
     "windtunnel.history": set(),
+    "windtunnel.memory": {"windtunnel.config"},
     # The report reads saved results only: never a model, a tunnel or the trainer (jobs and
     # reproduce appear in its type hints: the runs table takes the reproduction's plan).
     "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.jobs", "windtunnel.reproduce"},

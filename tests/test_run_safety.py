@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,76 @@ def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypat
         train(config, tmp_path / "run", resume=True, progress=False)
     monkeypatch.setattr(trainer_module, "_loss", real_loss)
     assert train(config, tmp_path / "run", resume=True, progress=False).steps == 30
+
+
+# --- integrity: checksums and file modes -------------------------------------------------
+
+
+def test_a_checkpoint_with_a_changed_tensor_byte_is_refused_and_one_without_a_checksum_loads(reference_run, tmp_path):
+    from windtunnel.runs import build_run_model
+    from windtunnel.training.checkpoint import CheckpointError, load_resume, RESUME_FILE
+
+    config = load_run_config(reference_run / "config.json")
+    path = reference_run / RESUME_FILE
+    tensors = safetensors.torch.load_file(str(path))
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        header = f.metadata()
+    assert len(header["sha256"]) == 64
+
+    # The same tensors, one value changed, under the original header: safetensors accepts it.
+    tampered = tmp_path / "tampered"
+    shutil.copytree(reference_run, tampered)
+    name = sorted(k for k in tensors if k.startswith("model."))[0]
+    tensors_changed = {**tensors, name: tensors[name].clone()}
+    tensors_changed[name].view(-1)[0] += 1.0
+    safetensors.torch.save_file(tensors_changed, str(tampered / RESUME_FILE), metadata=header)
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        load_resume(tampered, build_run_model(config))
+
+    # A checkpoint from before checksums existed (no sha256 in its header) still loads.
+    legacy = tmp_path / "legacy"
+    shutil.copytree(reference_run, legacy)
+    safetensors.torch.save_file(tensors, str(legacy / RESUME_FILE), metadata={k: v for k, v in header.items() if k != "sha256"})
+    model = build_run_model(config)
+    assert load_resume(legacy, model)[0] == read_resume_step(reference_run)
+    assert torch.equal(model.state_dict()[name.removeprefix("model.")], tensors[name])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_atomically_written_files_get_the_umask_mode_as_open_would(tmp_path, umask):
+    from windtunnel.files import atomic_write_text
+
+    previous = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "atomic.txt", "x")
+        with open(tmp_path / "plain.txt", "w") as f:  # the oracle: what the OS gives a file made with open()
+            f.write("x")
+    finally:
+        os.umask(previous)
+    mode = lambda p: (tmp_path / p).stat().st_mode & 0o777  # noqa: E731
+    assert mode("atomic.txt") == mode("plain.txt") == 0o666 & ~umask
+
+
+# --- Ctrl-C at any moment -----------------------------------------------------------------
+
+
+# From 0.3 s: before that the interpreter itself is starting (runpy's own imports, ~0.05 s on
+# an idle machine), where no windtunnel code runs yet to take the signal.
+@pytest.mark.parametrize("delay_s", [0.3, 0.8, 1.5, 3.0, 6.0])
+def test_ctrl_c_at_any_moment_of_start_up_or_training_exits_130_with_one_line(tmp_path, write_config, delay_s):
+    """SIGINT during the imports of torch, argument checks, model building or training:
+    always exit 130, no traceback, and the run directory is either absent or resumable."""
+    config = write_config(tmp_path, steps=300_000, checkpoint_every=10)
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "windtunnel", "train", str(config), "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(delay_s)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted" in err
+    if out.exists() and any(p.name != ".lock" for p in out.iterdir()):
+        assert main(["train", "--resume", str(out), "--quiet", "--set", "train.steps=20", "--force"]) == 0

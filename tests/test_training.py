@@ -3,6 +3,7 @@ DDP keeps ranks identical, faults give one-line errors and lose nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -193,7 +194,7 @@ def test_data_streams_are_disjoint_and_reproducible():
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_keep_ranks_identical(tmp_path, write_config):
+def test_ddp_two_processes_keep_ranks_identical_on_disjoint_data(tmp_path, write_config):
     config = write_config(tmp_path, steps=20, checkpoint_every=10)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
@@ -210,6 +211,22 @@ def test_ddp_two_processes_keep_ranks_identical(tmp_path, write_config):
     assert_bit_identical(rank0, final_weights(tmp_path / "run", 20))  # what rank 0 saved
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] < losses[0]
+
+    # The ranks draw disjoint data: each step's batches differ between the ranks, and each is
+    # the batch the documented seed gives (sha256 of "windtunnel-train:{seed}:{rank}:{step}",
+    # first 8 bytes little-endian, shifted to be non-negative), written out here.
+    run_config = load_run_config(config)
+    for rank in (0, 1):
+        batches = safetensors.torch.load_file(str(tmp_path / f"rank{rank}_batches.safetensors"))
+        assert len(batches) == 20
+        for step in range(20):
+            digest = hashlib.sha256(f"windtunnel-train:{run_config.train.seed}:{rank}:{step}".encode()).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+            expected = run_config.tunnel.sample(run_config.train.batch_size // 2, generator=generator).tokens
+            assert torch.equal(batches[f"step{step}"], expected), (rank, step)
+    rank0_batches = safetensors.torch.load_file(str(tmp_path / "rank0_batches.safetensors"))
+    rank1_batches = safetensors.torch.load_file(str(tmp_path / "rank1_batches.safetensors"))
+    assert all(not torch.equal(rank0_batches[k], rank1_batches[k]) for k in rank0_batches)
 
 
 class _Crash(RuntimeError):

@@ -1,5 +1,5 @@
 """``python -m windtunnel`` is the ``windtunnel`` command."""
 
-from windtunnel.cli import main
+from windtunnel.command import run
 
-raise SystemExit(main())
+run()

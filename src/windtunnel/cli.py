@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,14 @@ import torch
 
 from windtunnel import __version__
 from windtunnel.analysis.runner import ANALYSES, analyze
+from windtunnel.command import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
 from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
+from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, match_transformer, params_by_part
 from windtunnel.reproduce import reproduce
-from windtunnel.run_config import load_run_config
+from windtunnel.run_config import MAX_SEED, load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import CheckpointError, read_resume_step
 from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, train
@@ -35,7 +37,6 @@ from windtunnel.tunnels import TUNNELS, make_tunnel
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
-EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,6 +46,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -52,6 +60,13 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer: need an integer >= 1") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is out of range: need an integer >= 1")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _integer(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"--seed {value} is out of range: need an integer in [0, 2**63 - 1]")
     return value
 
 
@@ -72,18 +87,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     sample.add_argument("tunnel", metavar="TUNNEL", help=f"one of: {', '.join(sorted(TUNNELS))}")
     sample.add_argument("--n", type=_positive_int, default=4, help="number of sequences (default 4)")
-    sample.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator (default 0)")
-    _add_overrides(sample, "set a tunnel parameter, e.g. V=8, with_replacement=true, K=50, initial=0.5,0.5 (repeatable)")
+    sample.add_argument("--seed", type=_seed, default=0, help="seed of the torch.Generator (default 0)")
+    _add_overrides(sample, "set a tunnel parameter, e.g. V=8, with_replacement=true, K=50, or S=2 with initial=0.5,0.5 (repeatable)")
     sample.add_argument("--format", choices=("json", "table"), default="json", help="JSON lines (default) or a table")
     sample.set_defaults(run=_cmd_sample)
 
     info = commands.add_parser(
         "info",
         help="parameter counts of a run config's model",
-        description="Build the model CONFIG describes (for its tunnel) and print one JSON object: "
-        "params, params_by_part, and for a capacity-matched control target_params and mismatch.",
+        description="Build the model CONFIG describes (for its tunnel) and print its parameter counts, in total and "
+        "by part, and for a capacity-matched control its target and mismatch: a table, or one JSON object with --json.",
     )
     info.add_argument("config", metavar="CONFIG", help="a run config (.toml), e.g. configs/paper/hmm_mlp.toml")
+    info.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     _add_overrides(info, "override a config value, e.g. model.d_model=128 (repeatable)")
     info.set_defaults(run=_cmd_info)
 
@@ -109,14 +125,14 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
     evaluate.add_argument("--horizons", type=_positive_int, nargs="+", help="horizons (default: the run's eval.horizons)")
     evaluate.add_argument("--n", type=_positive_int, help="held-out sequences per horizon (default: the run's eval.n)")
-    evaluate.add_argument("--step", type=int, help="evaluate this snapshot instead of the final weights")
+    evaluate.add_argument("--step", type=_integer, help="evaluate this snapshot instead of the final weights")
     evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
     evaluate.set_defaults(run=_cmd_eval)
 
     reproduce = commands.add_parser(
         "reproduce",
         help="train every run the paper needs, run every analysis, write the HTML report",
-        description="Reproduce the paper at --scale tiny (~2 min, a smoke test), cpu (~45 min on 2 cores) or paper "
+        description="Reproduce the paper at --scale tiny (~2 min, a smoke test), cpu (1.5–2 hours on 2 cores) or paper "
         "(the paper's protocol; expects a GPU). Writes DIR/report/index.html. Interrupted? Run it again with --resume.",
     )
     reproduce.add_argument("--scale", default="cpu", help="tiny, cpu (default) or paper")
@@ -158,15 +174,22 @@ def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
+#: ``sample`` draws and prints this many sequences at a time, so memory stays bounded for any
+#: --n (the first 256 sequences of a seed are the same whatever --n is).
+SAMPLE_CHUNK = 256
+
+
 def _cmd_sample(args: argparse.Namespace) -> None:
     tunnel = make_tunnel(args.tunnel, overrides=args.overrides)
-    episode = tunnel.sample(args.n, generator=torch.Generator().manual_seed(args.seed))
-    for i in range(args.n):
-        record = episode.record(i)
-        if args.format == "json":
-            print(json.dumps(record))
-        else:
-            print(_table(tunnel, record, i))
+    chunk = min(args.n, SAMPLE_CHUNK)
+    check_fits(f"sampling {chunk} sequence(s) of {tunnel}", tunnel.sample_bytes(chunk), "lower the tunnel's sizes")
+    generator = torch.Generator().manual_seed(args.seed)
+    for start in range(0, args.n, SAMPLE_CHUNK):
+        episode = tunnel.sample(min(SAMPLE_CHUNK, args.n - start), generator=generator)
+        for i in range(episode.batch_size):
+            record = episode.record(i)
+            print(json.dumps(record) if args.format == "json" else _table(tunnel, record, start + i))
+        sys.stdout.flush()
 
 
 def _cmd_info(args: argparse.Namespace) -> None:
@@ -184,7 +207,21 @@ def _cmd_info(args: argparse.Namespace) -> None:
         if sizing is not None:
             result["target_params"] = sizing.target_params
             result["mismatch"] = round(sizing.mismatch, 6)
-    print(json.dumps(result))
+    print(json.dumps(result) if args.json else _info_table(result))
+
+
+def _info_table(result: dict[str, Any]) -> str:
+    rows = [("config", result["config"]), ("model", result["kind"]),
+            ("vocab_size / classes / max_len", f"{result['vocab_size']} / {result['num_classes']} / {result['max_len']}")]
+    if "n_blocks" in result:
+        rows.append(("n_blocks x d_hidden", f"{result['n_blocks']} x {result['d_hidden']}"))
+    rows.append(("parameters", f"{result['params']:,}"))
+    rows += [(f"  {part}", f"{count:,}") for part, count in result["params_by_part"].items()]
+    if "target_params" in result:
+        rows.append(("matched to (transformer)", f"{result['target_params']:,}"))
+        rows.append(("mismatch", f"{result['mismatch']:+.4%}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 @contextmanager
@@ -200,7 +237,10 @@ def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
         yield
         return
     made = [d for d in (directory, *directory.parents) if not d.exists()]  # innermost first
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create {str(directory)!r}: {_why_not(directory, error)}") from None
     try:
         with directory_lock(directory):
             yield
@@ -213,7 +253,17 @@ def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
         raise
 
 
+def _why_not(directory: Path, error: OSError) -> str:
+    """Why ``directory`` cannot be made, in words: a file in the way, or the system's reason."""
+    blocker = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{str(blocker)!r} is a file"
+    return error.strerror or str(error)
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
+    if args.force and not args.resume:
+        raise ConfigError("--force applies to --resume (it accepts --set values that change a run's config)")
     if args.resume:
         if args.config or args.out:
             raise ConfigError("--resume RUN_DIR continues an existing run: give no CONFIG and no --out")
@@ -265,8 +315,13 @@ def _cmd_analyze(args: argparse.Namespace) -> None:
     run_dirs = [Path(d) for d in args.run_dirs]
     # It writes into --out, or into the one run's directory (RUN_DIR/analysis).
     with _one_writer(Path(args.out), create=True) if args.out else _one_writer(run_dirs[0]):
-        written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None)
+        written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None, say=_say("analyze"))
     print(json.dumps({name: str(path) for name, path in written.items()}))
+
+
+def _say(stage: str) -> Callable[[str], None]:
+    """Progress lines on stderr (stdout carries the command's result)."""
+    return lambda line: print(f"[{stage}] {line}", file=sys.stderr, flush=True)
 
 
 def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:
@@ -297,6 +352,10 @@ def _describe(posterior: Sequence[float]) -> str:
     return f"{len(support)} classes with p>0, max p={max(posterior):.3f}: {support}"
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -314,8 +373,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingInterrupted as error:
         print(f"windtunnel: {error}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before training started (a run in training saves and says so)
+        print("windtunnel: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `windtunnel sample ... | head` is fine
         sys.stderr.close()
+    except (MemoryError, RuntimeError) as error:
+        # The estimates (windtunnel.memory) refuse what cannot fit; an allocation they did
+        # not foresee still ends in one line. Any other RuntimeError is a bug: show it.
+        if not isinstance(error, (MemoryError, torch.OutOfMemoryError)) and "allocate" not in str(error):
+            raise
+        print(f"windtunnel: error: out of memory ({_first_line(error)}): use smaller sizes or counts", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:  # a file-system fault: name the path and the reason
+        where = f"{error.filename!r}: " if error.filename else ""
+        print(f"windtunnel: error: {where}{error.strerror or error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

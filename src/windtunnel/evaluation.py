@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from windtunnel.metrics import entropy_bits, kl_bits
+from windtunnel.memory import check_fits
 from windtunnel.models import Trace
 from windtunnel.tunnels import Episode, Tunnel
 
@@ -63,6 +64,7 @@ class EvalSet:
 
     @classmethod
     def draw(cls, tunnel: Tunnel, *, horizon: int, n: int, batch_size: int, seed: int) -> EvalSet:
+        check_fits(f"a held-out set of {n} sequences at horizon {horizon}", tunnel.sample_bytes(n, horizon), "lower --n or eval.n")
         generator = torch.Generator().manual_seed(seed * 1_000_003 + horizon)  # one stream per horizon
         sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
         return cls(tuple(tunnel.sample(size, generator=generator, horizon=horizon) for size in sizes), horizon)

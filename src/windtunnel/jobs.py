@@ -18,7 +18,6 @@ again resumes every run where it stopped.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -32,8 +31,9 @@ from pathlib import Path
 from typing import Literal
 
 from windtunnel.config import ConfigError
+from windtunnel.history import METRICS_FILE, MetricsError, parse_metrics
 from windtunnel.run_config import RunConfig, load_run_config
-from windtunnel.runs import CONFIG_FILE, METRICS_FILE, read_run_config
+from windtunnel.runs import CONFIG_FILE, read_run_config
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step
 from windtunnel.training.trainer import TrainingInterrupted
 
@@ -102,11 +102,10 @@ def _command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:
 
 def _progress(job: TrainJob) -> tuple[int, float]:
     """(last logged step, seconds per step measured by the run), from its metrics log."""
-    try:
-        lines = (job.run_dir / METRICS_FILE).read_text().splitlines()
-    except OSError:
+    try:  # the worker appends as we read: a half-written last line is left out, never fatal
+        records = parse_metrics(job.run_dir / METRICS_FILE)[0][-40:]
+    except (OSError, MetricsError):
         return 0, 0.0
-    records = [json.loads(line) for line in lines[-40:] if line.strip()]
     records = [r for r in records if "elapsed_s" in r]
     if len(records) < 2:
         return (records[-1]["step"] if records else 0), 0.0
@@ -149,35 +148,41 @@ def run_jobs(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
     last_report = 0.0
-    previous_term = previous_int = None
+    # Ctrl-C and SIGTERM only set a flag that the loop reads between its steps: an exception
+    # raised at an arbitrary point (say between starting a worker and recording it) could
+    # leave a worker that is never told to stop.
+    stop_requested: list[int] = []  # a plain list: a signal handler must not take locks (Event.set does)
+    previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops the workers as Ctrl-C does
         # A process started in the background by a non-interactive shell inherits SIGINT
         # ignored, and Python then leaves it ignored: `kill -INT` would do nothing while the
         # workers (whose trainer takes SIGINT itself) ran on. Take it, as the trainer does.
-        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda signum, _frame: stop_requested.append(signum))
     try:
         while pending or running:
-            while pending and len(running) < parallel:
+            while pending and len(running) < parallel and not stop_requested:
                 job = pending.pop(0)
                 state = job_state(job)
                 if state == "new" and job.run_dir.exists():
                     shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
                 job.log.parent.mkdir(parents=True, exist_ok=True)
-                log = job.log.open("a")
-                process = subprocess.Popen(
-                    _command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                )
-                log.close()
+                with job.log.open("a") as log:
+                    process = subprocess.Popen(
+                        _command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
                 running[job.name] = (job, process, time.monotonic())
                 say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
             time.sleep(0.5)
+            if stop_requested:
+                raise KeyboardInterrupt
             for name, (job, process, _) in list(running.items()):
                 code = process.poll()
                 if code is None:
                     continue
                 del running[name]
-                if code == 130:
+                if code == 130:  # stopped from outside: stop the others too, so all resume together
+                    _stop(running)
                     raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
                 if code != 0:
                     tail = job.log.read_text().strip().splitlines()[-1:] or ["(no output)"]
@@ -193,10 +198,8 @@ def run_jobs(
         _stop(running)
         raise TrainingInterrupted("interrupted; run the same command again to resume") from None
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
-        if previous_int is not None:
-            signal.signal(signal.SIGINT, previous_int)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _stop(running: dict[str, tuple[TrainJob, subprocess.Popen, float]]) -> None:

@@ -80,6 +80,8 @@ class CurriculumConfig:
             raise ConfigError(f"start={self.start} is out of range: need a finite value")
         if self.param and self.shape == "geometric" and not self.start > 0:
             raise ConfigError(f"start={self.start} is out of range: a geometric curriculum needs a value > 0")
+        if self.steps < 0:
+            raise ConfigError(f"steps={self.steps} is out of range: need steps >= 0 (0: no curriculum)")
         if self.param and self.steps < 1:
             raise ConfigError(f"steps={self.steps} is out of range: a curriculum needs steps >= 1")
 
@@ -159,6 +161,17 @@ class TrainConfig:
             raise ConfigError(f"min_lr={self.min_lr} is out of range: need min_lr <= lr={self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas={list(self.betas)} is out of range: need two numbers in [0, 1)")
+        _check_seed("train.seed", self.seed)
+
+
+#: torch.Generator.manual_seed takes any 64-bit pattern; seeds are kept to the non-negative half
+#: so that every seed reads the same as a number everywhere (JSON, the run labels, the hash).
+MAX_SEED = 2**63 - 1
+
+
+def _check_seed(name: str, seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{name}={seed} is out of range: need an integer in [0, 2**63 - 1]")
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,7 @@ class EvalConfig:
             raise ConfigError(f"bootstrap={self.bootstrap} is out of range: need >= 0")
         if any(h < 1 for h in self.horizons):
             raise ConfigError(f"horizons={list(self.horizons)} is out of range: every horizon must be >= 1")
+        _check_seed("eval.seed", self.seed)
 
 
 ModelConfig = TransformerConfig | MLPConfig
@@ -297,6 +311,11 @@ _SELECTORS = {"tunnel": "name", "model": "kind"}
 
 def run_config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from a nested mapping and ``section.key=value`` overrides."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a run config must be a table of sections ({', '.join(_SECTIONS)}), not a {type(data).__name__}")
+    for section in _SECTIONS:
+        if not isinstance(data.get(section, {}), Mapping):
+            raise ConfigError(f"[{section}] must be a table of keys, not {data[section]!r}")
     unknown = set(data) - set(_SECTIONS)
     if unknown:
         raise ConfigError(f"unknown section '{sorted(unknown)[0]}' in run config; allowed sections: {', '.join(_SECTIONS)}")
@@ -329,11 +348,15 @@ def run_config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML run config (or a resolved ``config.json``) and apply overrides."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a config file: give the path of a .toml run config")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist: give the path of a .toml run config")
     try:
         text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {error}") from None
     return run_config_from_mapping(data, overrides)

@@ -62,11 +62,19 @@ def build_run_model(config: RunConfig) -> nn.Module:
 def read_run_config(run_dir: Path) -> RunConfig:
     """The resolved config of the run in ``run_dir``."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"{str(run_dir)!r} is not a run directory: it is a file (give the directory `train --out` made)")
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory {str(run_dir)!r} does not exist")
-    if not (run_dir / CONFIG_FILE).is_file():
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
         raise CheckpointError(f"{str(run_dir)!r} is not a run directory: it has no {CONFIG_FILE}")
-    return load_run_config(run_dir / CONFIG_FILE)
+    try:
+        return load_run_config(path)
+    except ConfigError as error:  # a hand-edited or damaged config.json: say which file
+        if str(path) in str(error):
+            raise
+        raise ConfigError(f"{str(path)!r} is not a valid run config: {error}") from None
 
 
 def prepare_new_run(run_dir: Path) -> None:
@@ -158,7 +166,7 @@ def evaluate_run(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     predictor = model_predictor(model, device=device)
-    result: dict[str, Any] = {"run_dir": str(run_dir), "step": trained, "model": config.model_kind, "horizons": {}}
+    result: dict[str, Any] = {"run_dir": str(run_dir), "step": trained, "model": config.model_kind, "n": n or e.n, "horizons": {}}
     for h in horizons:
         eval_set = EvalSet.draw(tunnel, horizon=h, n=n or e.n, batch_size=e.batch_size, seed=e.seed)
         scores = evaluate(predictor, eval_set, tunnel=tunnel, bootstrap=e.bootstrap, seed=e.seed)
@@ -187,4 +195,6 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{h:>7} relabel  mae_bits {r['mae_bits_before']:.5f} -> {r['mae_bits_after']:.5f}, "
                 f"delta {r['delta_mae_bits']:+.5f} [{r['delta_mae_bits_ci'][0]:+.5f}, {r['delta_mae_bits_ci'][1]:+.5f}]"
             )
+    if result.get("n") == 1:
+        lines.append("(one sequence per horizon: a bootstrap over one sequence has zero-width intervals; use --n 2 or more)")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ always be redrawn from saved results alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from windtunnel.analysis import ANALYSES, Run, load_runs
@@ -22,7 +22,13 @@ __all__ = ["analyze", "analyze_runs"]
 
 
 def analyze_runs(
-    runs: Sequence[Run], folder: Path, *, only: Sequence[str] = (), skip_existing: bool = False, applicable: bool = False
+    runs: Sequence[Run],
+    folder: Path,
+    *,
+    only: Sequence[str] = (),
+    skip_existing: bool = False,
+    applicable: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """Run the analyses ``only`` names (default: all that apply) on loaded runs.
 
@@ -30,8 +36,10 @@ def analyze_runs(
     parameters: the task variant its numbers belong to) and ``folder/<name>.png``; with ``skip_existing`` an
     analysis whose JSON is already there is not recomputed. An analysis named in ``only``
     that does not apply to the runs is an error, unless ``applicable`` (then it is
-    skipped). Returns ``{name: json path}``.
+    skipped). ``say`` receives one line per analysis written or skipped (and why) as it goes,
+    so a failure part-way leaves a record of what was done. Returns ``{name: json path}``.
     """
+    say = say or (lambda line: None)
     unknown = [name for name in only if name not in ANALYSES]
     if unknown:
         raise ConfigError(f"unknown analysis {unknown[0]!r}; choose from: {', '.join(ANALYSES)}")
@@ -43,7 +51,9 @@ def analyze_runs(
     written = {}
     for name in only or ANALYSES:
         analysis = ANALYSES[name]
-        if analysis.applies_to(runs):
+        reason = analysis.applies_to(runs)
+        if reason:
+            say(f"skipped {name}: {reason}")
             continue
         path = folder / f"{name}.json"
         if not (skip_existing and path.exists()):
@@ -58,10 +68,13 @@ def analyze_runs(
                 atomic_write_text(folder / f"{name}.md", result["markdown"])
         FIGURES[name](json.loads(path.read_text()), folder / f"{name}.png")
         written[name] = path
+        say(f"wrote {name}: {path} and {path.with_suffix('.png').name}")
     return written
 
 
-def analyze(run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | None = None) -> dict[str, Path]:
+def analyze(
+    run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | None = None, say: Callable[[str], None] | None = None
+) -> dict[str, Path]:
     """Load the runs in ``run_dirs`` and analyze them (see :func:`analyze_runs`)."""
     if not run_dirs:
         raise ConfigError("analyze needs at least one RUN_DIR")
@@ -71,4 +84,4 @@ def analyze(run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | N
     if len({r.config.tunnel for r in runs}) > 1:
         raise ConfigError("the runs differ in tunnel: analyze runs of one tunnel together")
     folder = Path(out) if out is not None else Path(run_dirs[0]) / "analysis"
-    return analyze_runs(runs, folder, only=only)
+    return analyze_runs(runs, folder, only=only, say=say)

@@ -17,6 +17,7 @@ leaves either the old file or the new one. A snapshot counts only once its JSON 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -43,6 +44,7 @@ __all__ = [
     "save_snapshot",
     "snapshot_path",
     "snapshot_steps",
+    "tensors_checksum",
 ]
 
 RESUME_FILE = "resume.safetensors"
@@ -55,8 +57,27 @@ class CheckpointError(ValueError):
     """A checkpoint or run directory that is missing, truncated, corrupt or of another run (one line)."""
 
 
-# --- atomic files -------------------------------------------------------------------
+# --- integrity ----------------------------------------------------------------------
 
+_CHECKSUM_KEY = "sha256"
+
+
+def tensors_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order.
+
+    Stored in each checkpoint's header and verified on load, so bytes overwritten on disk
+    (which safetensors, checking only the layout, would load as other numbers) are caught.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    return safetensors.torch.save(tensors, metadata={**metadata, _CHECKSUM_KEY: tensors_checksum(tensors)})
 
 
 # --- resume state -------------------------------------------------------------------
@@ -78,7 +99,7 @@ def save_resume(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimize
         for name, value in state.items():
             tensors[f"optim.{index}.{name}"] = torch.as_tensor(value).detach().contiguous().cpu()
     header = {"format": _FORMAT, "step": str(step), "meta": json.dumps(dict(meta))}
-    atomic_write_bytes(Path(run_dir) / RESUME_FILE, safetensors.torch.save(tensors, metadata=header))
+    atomic_write_bytes(Path(run_dir) / RESUME_FILE, _save(tensors, header))
 
 
 def _open(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -90,6 +111,13 @@ def _open(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as error:  # safetensors raises its own error types for truncated or foreign files
         raise CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(error).__name__}): {error}") from None
+    stored = metadata.get(_CHECKSUM_KEY)
+    # Checkpoints written before checksums existed carry none: they load as before.
+    if stored is not None and stored != tensors_checksum(tensors):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} fails its checksum: its bytes changed on disk after it was written "
+            "(restore it from a copy, or resume from an earlier snapshot)"
+        )
     return tensors, metadata
 
 
@@ -166,7 +194,7 @@ def snapshot_path(run_dir: Path, step: int) -> Path:
 def save_snapshot(run_dir: Path, model: nn.Module, step: int, meta: Mapping[str, Any]) -> None:
     """Keep the weights after ``step`` steps: safetensors first, then the JSON that makes it count."""
     path = snapshot_path(run_dir, step)
-    atomic_write_bytes(path, safetensors.torch.save(_cpu_weights(model), metadata={"step": str(step)}))
+    atomic_write_bytes(path, _save(_cpu_weights(model), {"step": str(step)}))
     atomic_write_text(path.with_suffix(".json"), json.dumps({"step": step, **meta}, indent=2))
 
 

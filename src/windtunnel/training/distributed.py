@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from windtunnel.config import ConfigError
+
 __all__ = ["Distributed", "pick_device", "setup_distributed"]
 
 
@@ -50,7 +52,7 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     """``auto``: CUDA (one GPU per local rank) when available, else CPU."""
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but no CUDA device is available")
+            raise ConfigError("train.device=cuda but no CUDA device is available here: use train.device=cpu or auto")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 

@@ -32,9 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from windtunnel import __version__
+from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.files import atomic_write_text
 from windtunnel.history import MetricsError, parse_metrics
+from windtunnel.memory import check_fits
 from windtunnel.models import count_params
 from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
@@ -198,6 +200,25 @@ def train(
     """
     run_dir = Path(run_dir)
     t = config.train
+    # Ctrl-C is a request to stop from here on, not an exception: set-up lazily imports
+    # torch's compiler stack (building the optimizer does), and a KeyboardInterrupt in the
+    # middle of an import leaves half-imported modules behind. The loop acts on the request.
+    interrupt = _InterruptFlag()
+    try:
+        return _train_on_device(config, run_dir, resume, progress, on_step, interrupt)
+    finally:
+        interrupt.restore()
+
+
+def _train_on_device(
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    progress: bool,
+    on_step: Callable[[int], None] | None,
+    interrupt: _InterruptFlag,
+) -> TrainResult:
+    t = config.train
     device = pick_device(t.device, int(os.environ.get("LOCAL_RANK", "0")))
     dist = setup_distributed(device)
     # Compiled CPU kernels parallelize some reductions (the embedding gradient's scatter-add)
@@ -207,10 +228,23 @@ def train(
     if t.compile and device.type == "cpu":
         torch.use_deterministic_algorithms(True)
     try:
-        return _train(config, run_dir, t, device, dist, resume, progress, on_step)
+        return _train(config, run_dir, t, device, dist, resume, progress, on_step, interrupt)
     finally:
         torch.use_deterministic_algorithms(deterministic)
         dist.close()
+
+
+def _step_bytes(config: RunConfig, batch: int) -> int:
+    """A lower bound on a training step's memory: its batch of data, and the float32
+    activations kept for the backward pass (a few per layer and position, attention
+    scores per head, the logits and their gradient)."""
+    model, tunnel = config.model, config.tunnel
+    length, classes = tunnel.seq_len(), tunnel.num_classes
+    depth = getattr(model, "n_layers", None) or getattr(model, "n_blocks", None) or 1
+    width = getattr(model, "d_mlp", None) or getattr(model, "d_hidden", None) or 4 * model.d_model
+    heads = getattr(model, "n_heads", 0)
+    per_sequence = length * (depth * (4 * model.d_model + width) + 2 * classes) + depth * heads * length * length
+    return tunnel.sample_bytes(batch) + 4 * batch * per_sequence
 
 
 def _train(
@@ -222,11 +256,21 @@ def _train(
     resume: bool,
     progress: bool,
     on_step: Callable[[int], None] | None,
+    interrupt: _InterruptFlag,
 ) -> TrainResult:
     tunnel = config.tunnel
     if t.batch_size % dist.world_size:
-        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by the {dist.world_size} processes")
+        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the {dist.world_size} processes")
     local_batch = t.batch_size // dist.world_size
+    check_fits(
+        f"a training step of batch {local_batch}", _step_bytes(config, local_batch), "lower train.batch_size or the tunnel's sizes"
+    )
+    if dist.is_main:
+        check_fits(
+            f"the held-out set of eval.n={config.eval.n} sequences",
+            config.tunnel.sample_bytes(config.eval.n),
+            "lower eval.n or the tunnel's sizes",
+        )
 
     model = build_run_model(config)
     optimizer = _optimizer(model, config)
@@ -275,65 +319,61 @@ def _train(
     started = time.perf_counter()
     interval_start, interval_steps = time.perf_counter(), 0
     step = start
-    interrupt = _InterruptFlag()
-    try:
-        while step < t.steps:
-            lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
-            episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)
-            with autocast:
-                logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
-            loss = _loss(logits, episode, t.target)
-            # One collective per step carries the loss and any pending Ctrl-C, so every rank
-            # agrees on divergence and on the step at which to stop.
-            loss_value, stop = dist.mean(torch.stack([loss.detach().float(), torch.tensor(float(interrupt.requested), device=loss.device)]))
-            if not torch.isfinite(loss_value):
-                saved = read_resume_step(run_dir)
-                kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
-                raise TrainingDiverged(
-                    f"loss became {loss_value.item()} at step {step + 1}; {kept} (lower train.lr or keep train.grad_clip > 0)"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
-            optimizer.step()
-            step += 1
-            interval_steps += 1
+    while step < t.steps:
+        lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
+        episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)
+        with autocast:
+            logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+        loss = _loss(logits, episode, t.target)
+        # One collective per step carries the loss and any pending Ctrl-C, so every rank
+        # agrees on divergence and on the step at which to stop.
+        loss_value, stop = dist.mean(torch.stack([loss.detach().float(), torch.tensor(float(interrupt.requested), device=loss.device)]))
+        if not torch.isfinite(loss_value):
+            saved = read_resume_step(run_dir)
+            kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
+            raise TrainingDiverged(
+                f"loss became {loss_value.item()} at step {step + 1}; {kept} (lower train.lr or keep train.grad_clip > 0)"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+        optimizer.step()
+        step += 1
+        interval_steps += 1
 
-            record: dict[str, Any] | None = None
-            if step % t.log_every == 0 or step == t.steps:
-                now = time.perf_counter()
-                record = {
-                    "step": step,
-                    "loss": loss_value.item(),
-                    "lr": lr,
-                    "grad_norm": grad_norm.item(),
-                    "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
-                    "elapsed_s": now - started,
-                }
-                interval_start, interval_steps = now, 0
-            if dist.is_main and ((t.eval_every and step % t.eval_every == 0) or step == t.steps):
-                scores = run_eval()
-                last_mae = scores["mae_bits"]
-                latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
-                record = {**(record or {"step": step, "loss": loss_value.item(), "lr": lr}), **latest}
-            if dist.is_main and record is not None:
-                _append_metrics(run_dir, record)
-            if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps:
-                save_state(step, latest)
-            if dist.is_main and step in snapshots:
-                save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-            bar.update(step, loss_value, last_mae, force=step == t.steps)
-            if on_step is not None:
-                on_step(step)
-            if stop > 0 and step < t.steps:
-                bar.close()
-                save_state(step, latest)
-                raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
-    finally:
-        interrupt.restore()
+        record: dict[str, Any] | None = None
+        if step % t.log_every == 0 or step == t.steps:
+            now = time.perf_counter()
+            record = {
+                "step": step,
+                "loss": loss_value.item(),
+                "lr": lr,
+                "grad_norm": grad_norm.item(),
+                "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
+                "elapsed_s": now - started,
+            }
+            interval_start, interval_steps = now, 0
+        if dist.is_main and ((t.eval_every and step % t.eval_every == 0) or step == t.steps):
+            scores = run_eval()
+            last_mae = scores["mae_bits"]
+            latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
+            record = {**(record or {"step": step, "loss": loss_value.item(), "lr": lr}), **latest}
+        if dist.is_main and record is not None:
+            _append_metrics(run_dir, record)
+        if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps:
+            save_state(step, latest)
+        if dist.is_main and step in snapshots:
+            save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
+        bar.update(step, loss_value, last_mae, force=step == t.steps)
+        if on_step is not None:
+            on_step(step)
+        if stop > 0 and step < t.steps:
+            bar.close()
+            save_state(step, latest)
+            raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
     bar.close()
     dist.barrier()
     return TrainResult(run_dir=run_dir, steps=step, final_eval=latest or None, wall_s=time.perf_counter() - started, model=model)

@@ -134,6 +134,13 @@ class BijectionTunnel:
         """``[n_positions, V]`` float64: before any pair is seen, every output is equally likely."""
         return torch.full((n_positions, self.V), 1.0 / self.V, dtype=torch.float64)
 
+    def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
+        """What the episode returned keeps: the float64 posteriors ``[B, L, V]`` and entropies,
+        the int64 tokens, targets, inputs, outputs and permutations (the working copies come on top)."""
+        n_pairs, query = (self.L if horizon is None else horizon), int(self.query)
+        supervised = n_pairs + query
+        return batch_size * 8 * (supervised * (self.V + 2) + 4 * n_pairs + 2 * query + self.V)
+
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> BijectionEpisode:
         """Draw ``batch_size`` bijections and one sequence of ``horizon`` pairs (+ query) from each."""
         n_pairs = self.L if horizon is None else horizon

@@ -35,7 +35,12 @@ from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels.base import Episode
 from windtunnel.tunnels.random import dirichlet
 
-__all__ = ["HMMEpisode", "HMMTunnel", "decode_header", "forward_filter", "quantize_rows", "round_rows_with_floor"]
+__all__ = [
+    "MAX_OBSERVATIONS", "HMMEpisode", "HMMTunnel", "decode_header", "forward_filter", "quantize_rows", "round_rows_with_floor",
+]
+
+#: The longest sequence sampled: far beyond any horizon of the paper (K <= 50) or a model's context here.
+MAX_OBSERVATIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,19 @@ class HMMTunnel:
         """Raise :class:`ConfigError` unless ``horizon`` is a valid number of observations."""
         if horizon < 1:
             raise ConfigError(f"{name}={horizon} is out of range: need at least 1 observation")
+        if horizon > MAX_OBSERVATIONS:
+            raise ConfigError(
+                f"{name}={horizon} is out of range: at most {MAX_OBSERVATIONS:,} observations (the chain and the "
+                "forward filter step through positions one at a time, so longer sequences take minutes each)"
+            )
+
+    def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
+        """What the episode returned keeps: T and E as header tokens and as float64, and per
+        observation the token, state, observation, entropy and the float64 posterior over S
+        states (the forward filter's working tensors come on top)."""
+        n_obs = self.K if horizon is None else horizon
+        S, M = self.S, self.M
+        return batch_size * 8 * (2 * (S * S + S * M) + n_obs * (S + 4) + S + 1)
 
     # --- layout -----------------------------------------------------------------
 
