@@ -79,3 +79,19 @@ def test_version_names_the_package_and_torch():
     result = windtunnel("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"windtunnel {windtunnel_package.__version__} (torch {torch.__version__})"
+
+
+def test_sample_streams_in_chunks_that_continue_one_stream():
+    """Past 256 sequences `sample` prints chunk by chunk from one generator: the first 256 lines
+    are those of --n 256, and the rest are the draws that follow in the same stream."""
+    from windtunnel.tunnels import make_tunnel
+
+    long = windtunnel("sample", "bijection", "--n", "300", "--seed", "3", "--set", "V=4")
+    short = windtunnel("sample", "bijection", "--n", "256", "--seed", "3", "--set", "V=4")
+    assert long.returncode == short.returncode == 0
+    lines = long.stdout.splitlines()
+    assert len(lines) == 300 and lines[:256] == short.stdout.splitlines()
+    tunnel, generator = make_tunnel("bijection", overrides=["V=4"]), torch.Generator().manual_seed(3)
+    tunnel.sample(256, generator=generator)
+    rest = tunnel.sample(44, generator=generator)
+    assert [json.loads(line)["tokens"] for line in lines[256:]] == rest.tokens.tolist()

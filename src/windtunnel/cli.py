@@ -175,7 +175,7 @@ def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 #: ``sample`` draws and prints this many sequences at a time, so memory stays bounded for any
-#: --n (the first 256 sequences of a seed are the same whatever --n is).
+#: --n (so ``--n 1000`` begins with the sequences of ``--n 256``).
 SAMPLE_CHUNK = 256
 
 

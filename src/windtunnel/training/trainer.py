@@ -199,7 +199,6 @@ def train(
         TrainingInterrupted: Ctrl-C; the state after the last complete step was saved.
     """
     run_dir = Path(run_dir)
-    t = config.train
     # Ctrl-C is a request to stop from here on, not an exception: set-up lazily imports
     # torch's compiler stack (building the optimizer does), and a KeyboardInterrupt in the
     # middle of an import leaves half-imported modules behind. The loop acts on the request.
