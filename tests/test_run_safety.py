@@ -258,3 +258,37 @@ def test_ctrl_c_at_any_moment_of_start_up_or_training_exits_130_with_one_line(tm
     assert "interrupted" in err
     if out.exists() and any(p.name != ".lock" for p in out.iterdir()):
         assert main(["train", "--resume", str(out), "--quiet", "--set", "train.steps=20", "--force"]) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to run as another user")
+def test_out_in_a_read_only_directory_is_one_line_for_a_user_without_write_access(write_config):
+    """Root may write anywhere, so the command runs as `nobody` (setpriv) in a folder it may read but not write."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="windtunnel-ro-"))
+    try:
+        config = write_config(folder)
+        read_only = folder / "shared"
+        read_only.mkdir()
+        for path in (folder, config, read_only):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        read_only.chmod(0o555)
+        home = folder / "home"  # where `nobody` may write its caches (matplotlib's)
+        home.mkdir(mode=0o777)
+        home.chmod(0o777)
+        before = sorted(p.name for p in read_only.iterdir())
+        as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable]
+        env = {**os.environ, "HOME": str(home), "MPLCONFIGDIR": str(home)}
+        probe = subprocess.run([*as_nobody, "-c", "import windtunnel.cli"], capture_output=True, text=True, timeout=300, env=env)
+        if probe.returncode != 0:  # e.g. a checkout or virtual environment only its owner may read
+            pytest.skip(f"`nobody` cannot import windtunnel here: {probe.stderr.strip().splitlines()[-1:]}")
+        result = subprocess.run(
+            [*as_nobody, "-m", "windtunnel", "train", str(config), "--out", str(read_only / "run"), "--quiet"],
+            capture_output=True, text=True, timeout=300, env=env,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == f"windtunnel: error: cannot create {str(read_only / 'run')!r}: Permission denied"
+        assert sorted(p.name for p in read_only.iterdir()) == before == []
+    finally:
+        read_only.chmod(0o755)
+        shutil.rmtree(folder)
