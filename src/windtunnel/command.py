@@ -18,13 +18,14 @@ EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 def run() -> None:
     """Run the command line in ``sys.argv`` and exit with its status."""
     held: list[int] = []
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.default_int_handler:  # not when SIGINT is ignored: then it stays ignored
-        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
     try:
         from windtunnel.cli import main
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # Then Ctrl-C raises KeyboardInterrupt, even where the process inherited SIGINT ignored
+        # (started in the background by a non-interactive shell), as the trainer and the job
+        # runner take it too: `kill -INT` must stop any windtunnel command.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if held:
             raise KeyboardInterrupt
