@@ -182,7 +182,7 @@ CASES: list[Case] = [
     Case("memory", "sample hmm --n 200 --set S=2000 --set M=2000 --set K=100000 --set grid=0.0005", "needs at least"),
     Case("memory", "train {cfg} --out {tmp}/m1 --set train.batch_size=1000000000", "a training step of batch 1000000000 needs at least"),
     Case("memory", "train {cfg} --out {tmp}/m2 --set tunnel.V=300000 --set train.batch_size=64", "a training step of batch 64 needs at least"),
-    Case("memory", "train {cfg} --out {tmp}/m3 --set eval.n=10000000000", "the held-out set of eval.n=10000000000 sequences needs at least"),
+    Case("memory", "train {cfg} --out {tmp}/m3 --set eval.n=10000000000", "a held-out set of 10000000000 sequences at horizon 5 needs at least"),
     Case("memory", "eval {run} --n 1000000000000", "a held-out set of 1000000000000 sequences at horizon 5 needs at least"),
     # --- config files: missing, unreadable, malformed ---------------------------------
     Case("config file", "info {tmp}/missing.toml", "config file '{tmp}/missing.toml' does not exist"),

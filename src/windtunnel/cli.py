@@ -46,18 +46,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
-def _integer(text: str) -> int:
+def _integer(text: str, need: str = "") -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer{need}") from None
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: need an integer >= 1") from None
+    value = _integer(text, ": need an integer >= 1")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is out of range: need an integer >= 1")
     return value

@@ -25,11 +25,13 @@ def available_bytes() -> int | None:
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         n /= 1024
-    raise AssertionError("unreachable")
+        if n < 1024:
+            break
+    return f"{n:.1f} {unit}"
 
 
 def check_fits(what: str, needed: int, advice: str, *, available: int | None = None) -> None:

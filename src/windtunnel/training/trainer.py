@@ -264,12 +264,9 @@ def _train(
     check_fits(
         f"a training step of batch {local_batch}", _step_bytes(config, local_batch), "lower train.batch_size or the tunnel's sizes"
     )
-    if dist.is_main:
-        check_fits(
-            f"the held-out set of eval.n={config.eval.n} sequences",
-            config.tunnel.sample_bytes(config.eval.n),
-            "lower eval.n or the tunnel's sizes",
-        )
+    # Drawn (and its size checked) before anything is written: a set too large for memory is
+    # refused while the run directory is still as the command found it.
+    eval_set = EvalSet.draw(tunnel, horizon=tunnel.horizon, n=config.eval.n, batch_size=config.eval.batch_size, seed=config.eval.seed) if dist.is_main else None
 
     model = build_run_model(config)
     optimizer = _optimizer(model, config)
@@ -299,7 +296,6 @@ def _train(
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.bf16 and device.type == "cuda")
 
     snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
-    eval_set = EvalSet.draw(tunnel, horizon=tunnel.horizon, n=config.eval.n, batch_size=config.eval.batch_size, seed=config.eval.seed) if dist.is_main else None
     meta_base = {"version": __version__, "torch": torch.__version__, "params": count_params(model), "config": config.to_mapping()}
 
     def run_eval() -> dict[str, Any]:

@@ -102,8 +102,8 @@ class Tunnel(Protocol):
         """``[n_positions, C]`` float64: the best predictor that ignores every token (a baseline)."""
 
     def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
-        """A lower bound on the memory :meth:`sample` holds at once for ``batch_size`` sequences
-        (checked by :mod:`windtunnel.memory` before a large draw)."""
+        """The bytes of the episode :meth:`sample` returns for ``batch_size`` sequences: a lower
+        bound on what a draw holds at once (checked by :mod:`windtunnel.memory` before a large draw)."""
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> Episode:
         """Draw ``batch_size`` fresh hypotheses and one sequence from each."""
