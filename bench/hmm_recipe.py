@@ -10,8 +10,10 @@ overrides through :func:`windtunnel.training.trainer.train` itself, one thread p
 numbers are those of the full recipe at that step): ``--until`` = a third of the steps asks
 whether a recipe leaves the plateau within the first third of training. Prints one JSON
 object: per recipe and seed, the first step at which ``mae_bits`` falls below 0.08 (the
-plateau sits near 0.105; ``null``: not yet) and ``kl_bits`` / ``mae_bits`` at K = 20, 30, 50
-at the last step trained; per recipe, the median over seeds. The timing of the phase change
+plateau sits near 0.105; ``null``: not yet), ``kl_bits`` / ``mae_bits`` at K = 20, 30, 50
+at the last step trained, and per layer how much observation positions attend to the
+observations (:func:`history_attention`: what the phase change is); per recipe, the median
+over seeds. The timing of the phase change
 is chaotic in the seed and the floating-point path, so read the spread, never one seed.
 Run directories stay in ``--out``: run the same command again (or with more recipes or
 seeds) and finished runs are reused, interrupted ones resumed.
@@ -36,7 +38,7 @@ from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text
 from windtunnel.run_config import load_run_config
 from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, plateau_exit_step, read_metrics
-from windtunnel.runs import evaluate_run, read_run_config
+from windtunnel.runs import evaluate_run, load_run_model, read_run_config
 from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.trainer import train
 
@@ -57,7 +59,40 @@ RECIPES: dict[str, tuple[str, ...]] = {
         "train.curriculum.start=0.3",
         "train.curriculum.steps=3000",
     ),
+    "transition_sharp_first": (  # only T sharper first: the past says more about the current state
+        "tunnel.transition_concentration=1.0",
+        "train.curriculum.param=transition_concentration",
+        "train.curriculum.start=0.2",
+        "train.curriculum.steps=3000",
+    ),
+    "sticky_first": (  # states persist first: reading the earlier observations pays without T
+        "train.curriculum.param=stickiness",
+        "train.curriculum.start=0.5",
+        "train.curriculum.steps=3000",
+        "train.curriculum.shape=linear",
+    ),
 }
+
+
+def history_attention(run_dir: Path, n: int = 256) -> list[float]:
+    """Per layer, the largest share (over heads) of attention that observation positions
+    ``o_2..o_K`` give to observation tokens (themselves and earlier ones), on ``n`` fresh
+    sequences of the run's tunnel. On the plateau the model attends almost only to the header
+    (shares of about 0.2 at most: its prediction is the stationary distribution of T times the current
+    emission column); the phase change is a head that reads the recent observations (share ~1).
+    """
+    config, model, _ = load_run_model(run_dir)
+    tunnel = config.tunnel
+    episode = tunnel.sample(n, generator=torch.Generator().manual_seed(2**31 - 1))
+    names = [f"blocks.{layer}.attn.pattern" for layer in sorted(model.attention_heads)]
+    with torch.no_grad():
+        _, trace = model.run_with_trace(episode.tokens, names)
+    header = tunnel.header_len
+    shares = []
+    for name in names:
+        pattern = trace[name][:, :, header + 1 :, :]  # [B, H, K - 1, T]: from o_2..o_K
+        shares.append(round(pattern[..., header:].sum(-1).mean((0, 2)).max().item(), 3))
+    return shares
 
 
 class _Stop(Exception):
@@ -108,6 +143,7 @@ def run_one(recipe: str, overrides: tuple[str, ...], seed: int, until: int | Non
         "plateau_exit_step": exit_step,
         "kl_bits": {str(h): round(scores["horizons"][str(h)]["kl_bits"], 6) for h in HORIZONS},
         "mae_bits": {str(h): round(scores["horizons"][str(h)]["mae_bits"], 5) for h in HORIZONS},
+        "history_attention": history_attention(run_dir_path),
         "eval_curve": [[step, round(mae, 4), round(kl, 5)] for step, mae, kl in evals],
         "train_wall_s_this_call": round(wall, 1),
     }

@@ -6,14 +6,13 @@ traceback appears, and that the command changed nothing on disk: the files of th
 test world (configs, trained runs, broken runs) have the same bytes and modes afterwards.
 
 The command runs in-process (``windtunnel.cli.main``), so an uncaught exception fails the
-case with its traceback and the 227 cases take under a minute rather than minutes of interpreter
+case with its traceback and the 231 cases take under a minute rather than minutes of interpreter
 start-ups. The few faults that need a real process (Ctrl-C) are in tests/test_run_safety.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 from collections import Counter
@@ -136,6 +135,10 @@ HMM_SETS = [
     ("floor=1", "floor=1.0 is out of range"),
     ("floor=-0.1", "floor=-0.1 is out of range"),
     ("floor=nan", "floor=nan is out of range: need a finite number"),
+    ("transition_concentration=0", "transition_concentration=0.0 is out of range"),
+    ("transition_concentration=-2", "transition_concentration=-2.0 is out of range"),
+    ("stickiness=1", "stickiness=1.0 is out of range: need a finite value in [0, 1)"),
+    ("stickiness=-0.5", "stickiness=-0.5 is out of range"),
     ("initial=0.5", "initial"),
     ("initial=0.5,0.6,0,0,0", "initial"),
     ("initial=nan,1,0,0,0", "initial"),

@@ -38,7 +38,7 @@ def test_ints_are_floats_but_not_the_reverse():
 @pytest.mark.parametrize(
     "assignment, message",
     [
-        ("Q=1", "unknown key 'Q' for HMMTunnel; allowed keys: S, M, K, concentration, grid, floor, initial"),
+        ("Q=1", "unknown key 'Q' for HMMTunnel; allowed keys: S, M, K, concentration, transition_concentration, stickiness, grid, floor, initial"),
         ("K=abc", "K='abc' has the wrong type: expected int"),
         ("K", "is not of the form key=value"),
         ("K.x=1", "'K' is a value, not a section"),

@@ -15,7 +15,7 @@ from windtunnel.tunnels import TUNNELS, make_tunnel
 # Keys that exist (so values reach the type and range checks) and some that do not.
 SECTION_KEYS = {
     "tunnel": ["name", "V", "L", "with_replacement", "query", "repeat_rate", "repeat_window", "S", "M", "K",
-               "concentration", "grid", "floor", "initial", "bogus"],
+               "concentration", "transition_concentration", "stickiness", "grid", "floor", "initial", "bogus"],
     "model": ["kind", "n_layers", "n_heads", "d_model", "d_mlp", "max_len", "no_attention_layers", "n_blocks",
               "d_hidden", "bogus"],
     "train": ["steps", "batch_size", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "betas", "grad_clip",

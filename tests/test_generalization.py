@@ -198,7 +198,7 @@ def test_analyze_runs_writes_json_markdown_and_figures(tmp_path):
     assert (tmp_path / "model_comparison.md").read_text().startswith("| model |")
     # Every saved result names its task variant: the runs' tunnel parameters.
     saved = json.loads((tmp_path / "model_comparison.json").read_text())
-    assert saved["tunnel"] == {"name": "hmm", "S": 3, "M": 3, "K": 4, "concentration": 1.0, "grid": 0.1, "floor": 0.0, "initial": None}
+    assert saved["tunnel"] == {"name": "hmm", "S": 3, "M": 3, "K": 4, "concentration": 1.0, "transition_concentration": None, "stickiness": 0.0, "grid": 0.1, "floor": 0.0, "initial": None}
     for name in written:
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000  # a drawn figure, not an empty canvas
     # Re-running with skip_existing reuses the JSON: nothing is recomputed.

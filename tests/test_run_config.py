@@ -155,7 +155,8 @@ def test_linear_curriculum_anneals_a_rate_to_zero():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train.curriculum.param=K", "train.curriculum.steps=10"], "train.curriculum.param='K' is not a float parameter of the hmm tunnel; allowed: concentration, grid, floor"),
+        (["train.curriculum.param=K", "train.curriculum.steps=10"], "train.curriculum.param='K' is not a float parameter of the hmm tunnel; allowed: concentration, stickiness, grid, floor, transition_concentration (once set)"),
+        (["train.curriculum.param=transition_concentration", "train.curriculum.start=0.2", "train.curriculum.steps=10"], "anneals into the tunnel's own transition_concentration, which is unset: give tunnel.transition_concentration a value"),
         (["train.curriculum.param=concentration", "train.curriculum.start=0", "train.curriculum.steps=10"], "train.curriculum.start=0.0 is out of range"),
         (["train.curriculum.param=concentration", "train.curriculum.start=nan", "train.curriculum.steps=10"], "train.curriculum.start=nan is out of range"),
         (["train.curriculum.param=concentration"], "train.curriculum.steps=0 is out of range"),

@@ -217,6 +217,49 @@ def test_zero_floor_is_the_floorless_tunnel_bit_for_bit():
     ]
 
 
+def test_transition_concentration_shapes_the_rows_of_T_alone():
+    """Every entry of a symmetric Dirichlet(a) row over k entries is Beta(a, (k - 1) a): mean
+    1/k and variance (k - 1) / (k^2 (k a + 1)). On a 0.001 grid the rounding moves each entry
+    by at most 0.0005, far inside the sampling error checked here."""
+    S, M, n = 4, 6, 5000
+    episode = HMMTunnel(S=S, M=M, K=1, grid=0.001, concentration=2.0, transition_concentration=0.1).sample(
+        n, generator=torch.Generator().manual_seed(3)
+    )
+    for matrix, k, a in ((episode.transition, S, 0.1), (episode.emission, M, 2.0)):
+        entries = matrix.reshape(-1).numpy()
+        variance = (k - 1) / (k**2 * (k * a + 1))
+        # the sample variance of N entries has a standard error of about var * sqrt(2 / N) for
+        # these light tails; rows share a sum, so allow 6x that (the two concentrations give
+        # variances 2.5x (T) and 14x (E) apart, so swapping them fails by far)
+        assert abs(entries.var() - variance) < 6 * variance * math.sqrt(2 / (n * S)), (k, a)
+        assert abs(entries.mean() - 1 / k) < 1e-12  # rows sum to exactly 1 on the grid
+
+
+def test_transition_concentration_equal_to_concentration_is_the_default_tunnel_bit_for_bit():
+    a = HMMTunnel(concentration=0.7).sample(64, generator=torch.Generator().manual_seed(4))
+    b = HMMTunnel(concentration=0.7, transition_concentration=0.7).sample(64, generator=torch.Generator().manual_seed(4))
+    for name in ("tokens", "targets", "posterior", "transition", "emission"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_stickiness_mixes_the_identity_into_T():
+    """Row i of T is (1 - rho) Dirichlet(a) + rho e_i: its diagonal has mean rho + (1 - rho) / S
+    and never falls below rho, off-diagonal entries have mean (1 - rho) / S, E is untouched.
+    On a 0.001 grid rounding moves an entry by at most 0.0005 (the largest-remainder rule
+    changes each entry by less than one step)."""
+    S, M, n, rho = 4, 3, 4000, 0.6
+    episode = HMMTunnel(S=S, M=M, K=1, grid=0.001, stickiness=rho).sample(n, generator=torch.Generator().manual_seed(6))
+    diagonal = episode.transition.diagonal(dim1=1, dim2=2).reshape(-1)
+    off = episode.transition[:, ~torch.eye(S, dtype=torch.bool)].reshape(-1)
+    # the standard error of a mean of N Beta(1, 3) entries scaled by 0.4 is 0.4 * 0.19 / sqrt(N) < 0.002
+    assert abs(diagonal.mean().item() - (rho + (1 - rho) / S)) < 0.01
+    assert abs(off.mean().item() - (1 - rho) / S) < 0.01
+    assert diagonal.min().item() >= rho - 0.0005
+    assert abs(episode.emission.reshape(-1).var().item() - (M - 1) / (M**2 * (M + 1))) < 0.01  # Dirichlet(1) rows
+    posterior, _ = forward_filter(episode.transition, episode.emission, HMMTunnel(S=S, M=M).initial_distribution(), episode.observations)
+    assert torch.equal(posterior, episode.posterior)  # the posterior is that of the sticky T the header holds
+
+
 def paper_rows(rng: np.random.Generator, n_rows: int, k: int) -> np.ndarray:
     """The authors' generator: Dirichlet(1), max(p, 0.05), renormalize, then their rounding
     to cents with a 5-cent minimum."""
@@ -378,6 +421,13 @@ def test_same_seed_same_batch_bit_for_bit():
         (dict(S=2, M=3, floor=0.34), "floor=0.34"),
         (dict(grid=0.125, floor=0.15), "floor=0.15"),  # < 1/5 but 5 x 2 = 10 steps > 8 on the grid
         (dict(floor="0.05"), "floor='0.05'"),
+        (dict(transition_concentration=0.0), "transition_concentration=0.0"),
+        (dict(stickiness=1.0), "stickiness=1.0"),
+        (dict(stickiness=-0.1), "stickiness=-0.1"),
+        (dict(stickiness=math.nan), "stickiness=nan"),
+        (dict(transition_concentration=-0.5), "transition_concentration=-0.5"),
+        (dict(transition_concentration=math.nan), "transition_concentration=nan"),
+        (dict(transition_concentration=math.inf), "transition_concentration=inf"),
     ],
 )
 def test_bad_parameters_name_the_problem(params, name):

@@ -236,11 +236,20 @@ class RunConfig:
         curriculum = self.train.curriculum
         if not curriculum.param:
             return
-        floats = [f.name for f in dataclasses.fields(self.tunnel) if isinstance(getattr(self.tunnel, f.name), float)]
+        fields = dataclasses.fields(self.tunnel)
+        floats = [f.name for f in fields if isinstance(getattr(self.tunnel, f.name), float)]
+        # an optional float left unset has no value to anneal into until the config gives it one
+        unset = [f.name for f in fields if getattr(self.tunnel, f.name) is None and "float" in str(f.type)]
+        if curriculum.param in unset:
+            raise ConfigError(
+                f"train.curriculum.param={curriculum.param!r} anneals into the tunnel's own {curriculum.param}, "
+                f"which is unset: give tunnel.{curriculum.param} a value"
+            )
         if curriculum.param not in floats:
+            allowed = [*floats, *(f"{name} (once set)" for name in unset)]
             raise ConfigError(
                 f"train.curriculum.param={curriculum.param!r} is not a float parameter of the {self.tunnel.name} tunnel; "
-                f"allowed: {', '.join(floats) or 'none'}"
+                f"allowed: {', '.join(allowed) or 'none'}"
             )
         end = getattr(self.tunnel, curriculum.param)
         if curriculum.shape == "geometric" and not end > 0:

@@ -2,7 +2,8 @@
 
 Each sequence draws a fresh HMM with ``S`` hidden states and ``M`` symbols: every row
 of the transition matrix ``T`` (``[S, S]``) and of the emission matrix ``E`` (``[S, M]``)
-is drawn from a symmetric Dirichlet(``concentration``) and then quantized to the grid
+is drawn from a symmetric Dirichlet(``concentration``; ``T``'s rows from
+``transition_concentration`` where that is set) and then quantized to the grid
 (``grid = 1/N``; integer counts per row summing to exactly ``N``, largest remainder).
 With ``floor > 0`` every entry is first raised to at least ``floor`` (``max(p, floor)``,
 row renormalized) and rounded as the authors' generator rounds, to at least
@@ -83,6 +84,14 @@ class HMMTunnel:
         M: number of observation symbols.
         K: number of observations per sequence (the training horizon).
         concentration: symmetric Dirichlet concentration of every row of ``T`` and ``E``.
+        transition_concentration: the concentration of ``T``'s rows alone; None (default)
+            is ``concentration``. A low value makes each state's successor nearly certain,
+            so the previous observations say much about the current state (a curriculum
+            can anneal it into ``concentration``).
+        stickiness: ``rho`` in ``[0, 1)``: each row of ``T`` is ``(1 - rho) * Dirichlet + rho *
+            e_i`` before quantization, so a state stays put with probability at least ``rho``
+            and the evidence of earlier observations adds up; 0.0 (default) leaves the rows as
+            drawn, bit for bit.
         grid: quantization step of header probabilities; ``1 / grid`` must be an integer.
         floor: minimum probability of every entry of ``T`` and ``E``, in
             ``[0, 1 / max(S, M))``; 0.0 (default) leaves the Dirichlet rows as drawn. Each
@@ -101,6 +110,8 @@ class HMMTunnel:
     M: int = 5
     K: int = 20
     concentration: float = 1.0
+    transition_concentration: float | None = None
+    stickiness: float = 0.0
     grid: float = 0.01
     floor: float = 0.0
     initial: tuple[float, ...] | None = None
@@ -114,6 +125,11 @@ class HMMTunnel:
         self.check_horizon(self.K, name="K")
         if not (math.isfinite(self.concentration) and self.concentration > 0):
             raise ConfigError(f"concentration={self.concentration} is out of range: need a finite value > 0")
+        if not (math.isfinite(self.stickiness) and 0 <= self.stickiness < 1):
+            raise ConfigError(f"stickiness={self.stickiness} is out of range: need a finite value in [0, 1)")
+        alpha = self.transition_concentration
+        if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
+            raise ConfigError(f"transition_concentration={alpha} is out of range: need a finite value > 0 (or unset)")
         levels = 1.0 / self.grid if 0 < self.grid <= 1 else 0.0
         width = max(self.S, self.M)
         if not (levels >= width and abs(levels - round(levels)) < 1e-9 * levels):
@@ -160,6 +176,11 @@ class HMMTunnel:
         return batch_size * 8 * (2 * (S * S + S * M) + n_obs * (S + 4) + S + 1)
 
     # --- layout -----------------------------------------------------------------
+
+    @property
+    def transition_alpha(self) -> float:
+        """The Dirichlet concentration ``T``'s rows are drawn with."""
+        return self.concentration if self.transition_concentration is None else self.transition_concentration
 
     @property
     def levels(self) -> int:
@@ -233,7 +254,10 @@ class HMMTunnel:
         n_obs = self.K if horizon is None else horizon
         self.check_horizon(n_obs)
         B, S, M, N = batch_size, self.S, self.M, self.levels
-        transition_counts = self._quantized_rows(dirichlet((B, S), S, self.concentration, generator=generator))
+        transition_rows = dirichlet((B, S), S, self.transition_alpha, generator=generator)
+        if self.stickiness:
+            transition_rows = (1 - self.stickiness) * transition_rows + self.stickiness * torch.eye(S, dtype=transition_rows.dtype)
+        transition_counts = self._quantized_rows(transition_rows)
         emission_counts = self._quantized_rows(dirichlet((B, S), M, self.concentration, generator=generator))
         initial = self.initial_distribution().expand(B, S)
         states, observations = _sample_path(transition_counts, emission_counts, initial, n_obs, N, generator)
