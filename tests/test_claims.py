@@ -191,6 +191,8 @@ AUTHORS_BIJECTION = {"name": "bijection", "with_replacement": True}
 def test_variants_are_named_for_the_sampling_they_are():
     assert variant_name(OURS_HMM) == "no floor, grid 0.05"
     assert variant_name(AUTHORS_HMM) == "floor 0.05, grid 0.01"
+    sharper = {**OURS_HMM, "concentration": 0.5, "transition_concentration": 0.2, "stickiness": 0.3}
+    assert variant_name(sharper) == "no floor, grid 0.05, concentration 0.5, T concentration 0.2, stickiness 0.3"
     assert variant_name(OURS_BIJECTION) == "without replacement"
     assert variant_name(AUTHORS_BIJECTION) == "with replacement"
 

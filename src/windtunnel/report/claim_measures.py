@@ -88,7 +88,15 @@ def variant_name(tunnel: Mapping[str, Any]) -> str:
         return "with replacement" if tunnel.get("with_replacement") else "without replacement"
     if tunnel["name"] == "hmm":
         floor = tunnel.get("floor", 0.0)
-        return (f"floor {floor:g}" if floor else "no floor") + f", grid {tunnel['grid']:g}"
+        words = [f"floor {floor:g}" if floor else "no floor", f"grid {tunnel['grid']:g}"]
+        # the rarer departures are named only where present, so the usual variants read as before
+        if tunnel.get("concentration", 1.0) != 1.0:
+            words.append(f"concentration {tunnel['concentration']:g}")
+        if tunnel.get("transition_concentration") is not None:
+            words.append(f"T concentration {tunnel['transition_concentration']:g}")
+        if tunnel.get("stickiness", 0.0):
+            words.append(f"stickiness {tunnel['stickiness']:g}")
+        return ", ".join(words)
     return tunnel["name"]
 
 
