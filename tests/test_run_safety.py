@@ -220,6 +220,36 @@ def test_a_checkpoint_with_a_changed_tensor_byte_is_refused_and_one_without_a_ch
     assert torch.equal(model.state_dict()[name.removeprefix("model.")], tensors[name])
 
 
+WRITE_RESUME_FOREVER = (
+    "import sys, torch; from pathlib import Path; from windtunnel.training.checkpoint import save_resume\n"
+    "torch.set_num_threads(1); model = torch.nn.Linear(8, 8); optimizer = torch.optim.AdamW(model.parameters())\n"
+    "print('writing', flush=True)\n"
+    "for step in range(1, 10**9):\n"
+    "    model(torch.randn(4, 8)).sum().backward(); optimizer.step()\n"
+    "    save_resume(Path(sys.argv[1]), model, optimizer, step, {})\n"
+)
+
+
+def test_reading_a_resume_state_while_its_writer_replaces_it_sees_one_whole_file(tmp_path):
+    # A sweep's progress poll (and `jobs`) reads resume states that a worker replaces every
+    # few milliseconds. safetensors.safe_open opens the path once for the header and again
+    # for the tensors, so a read could pair one file's checksum with the next one's tensors:
+    # on the code before the fix 2% of reads failed "fails its checksum" (about 2,600 of
+    # 120,000 in 30 s), so a few seconds of polling fail it with near certainty.
+    writer = subprocess.Popen([sys.executable, "-c", WRITE_RESUME_FOREVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        deadline, steps = time.monotonic() + 4.0, []
+        while time.monotonic() < deadline:
+            step = read_resume_step(tmp_path)  # raises CheckpointError on a torn read
+            if step is not None:
+                steps.append(step)
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    assert len(steps) > 1000 and steps == sorted(steps)  # many reads, each of one whole file, in order
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
 def test_atomically_written_files_get_the_umask_mode_as_open_would(tmp_path, umask):
     from windtunnel.files import atomic_write_text
