@@ -53,6 +53,10 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "warmup_1000": ("train.warmup_steps=1000",),
     "batch_32": ("train.batch_size=32",),  # half the cost of a step: twice the steps per minute
     "batch_128": ("train.batch_size=128",),
+    "beta2_0.95": ("train.betas=[0.9, 0.95]",),
+    "lr_5e-3_warmup_1000": ("train.lr=5e-3", "train.warmup_steps=1000"),  # a higher peak, reached slowly
+    "lr_8e-3_warmup_1500": ("train.lr=8e-3", "train.warmup_steps=1500"),
+    "depth8_d48": ("model.n_layers=8", "model.d_model=48", "model.d_mlp=160"),  # 197k parameters, twice the depth
     "depth6_d52": ("model.n_layers=6", "model.d_model=52", "model.d_mlp=208"),  # the same parameters (204k vs 207k), deeper
     "concentration_curriculum": (  # sharper HMMs first: T is worth more to the prediction
         "train.curriculum.param=concentration",

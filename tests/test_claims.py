@@ -10,9 +10,11 @@ hold, so loosening a threshold, turning an ``all`` into an ``any``, a ``min`` in
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
+from windtunnel.analysis.base import summarize
 from windtunnel.report.claims import CLAIMS, PAPER_METRIC, MissingResult, evaluate_claims, variant_name
 
 BY_KEY = {claim.key: claim for claim in CLAIMS}
@@ -210,6 +212,30 @@ def test_hmm_accuracy_reads_kl_and_prefers_the_authors_variant():
     got = verdicts(results)
     assert got["hmm_k20"].measured.values == {"kl_bits": pytest.approx(0.002)}
     assert got["hmm_k20"].ours.index("floor 0.05") < got["hmm_k20"].ours.index("no floor")  # judged one first
+
+
+def test_hmm_accuracy_is_decided_on_the_median_of_the_seeds_and_names_their_range():
+    # Three seeds from real summaries: two filter (kl 0.004, 0.006), one is still on its
+    # plateau (0.05). The mean (0.02) would fail kl < 0.01; the median (0.006) holds.
+    seeds = [0.004, 0.05, 0.006]
+    stats = summarize(seeds)
+    assert stats["median"] == statistics.median(seeds) and (stats["min"], stats["max"]) == (0.004, 0.05)
+    table = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.0} for h in (20, 30, 50)}}, 20)
+    table["models"]["transformer"]["horizons"]["20"]["kl_bits"] = stats
+    got = verdicts({"hmm": {"model_comparison": table}})["hmm_k20"]
+    assert got.measured.values == {"kl_bits": 0.006} and got.holds is True
+    assert "median of the seeds, range 0.004–0.05" in got.ours
+    table["models"]["transformer"]["horizons"]["20"]["kl_bits"] = summarize([0.004, 0.05, 0.05])
+    assert verdicts({"hmm": {"model_comparison": table}})["hmm_k20"].holds is False
+
+
+def test_summaries_over_runs_match_the_statistics_module():
+    for values in ([3.0], [2.0, 1.0], [5.0, 1.0, 4.0, 2.0], [0.3, 0.1, 0.2, 0.9, 0.5]):
+        stats = summarize(values)
+        assert stats["median"] == pytest.approx(statistics.median(values), rel=1e-15)  # one float op at most
+        assert stats["mean"] == pytest.approx(statistics.fmean(values), rel=1e-15)
+        assert stats["std"] == pytest.approx(statistics.pstdev(values), rel=1e-12, abs=1e-15)
+        assert (stats["min"], stats["max"]) == (min(values), max(values))
 
 
 def test_bijection_accuracy_reads_the_aggregate_error_without_replacement():

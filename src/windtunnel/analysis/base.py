@@ -58,9 +58,20 @@ class Run:
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """Mean and spread (population std) of one number over runs."""
+    """One number over runs: mean and spread (population std), and the median with the
+    smallest and largest value (what a claim is decided on where seeds disagree: one HMM
+    seed still on its plateau moves the mean, not the median)."""
     t = torch.tensor(values, dtype=torch.float64)
-    return {"mean": t.mean().item(), "std": t.std(unbiased=False).item()}
+    ordered = t.sort().values
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return {
+        "mean": t.mean().item(),
+        "std": t.std(unbiased=False).item(),
+        "median": median.item(),
+        "min": ordered[0].item(),
+        "max": ordered[-1].item(),
+    }
 
 
 def by_configuration(runs: Sequence[Run]) -> dict[str, list[Run]]:

@@ -226,11 +226,12 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def table1_markdown(models: dict[str, Any], horizons: Sequence[int]) -> str:
-    """Table 1 as a Markdown table: model × horizon, mean ± std over seeds, the prior last."""
+    """Table 1 as a Markdown table: model × horizon, the median over seeds with the smallest and
+    largest seed's value in brackets, the prior last."""
     lines = ["| model | seeds | horizon | mae_bits | mae_aggregate_bits | kl_bits |", "|---|---|---|---|---|---|"]
 
     def cell(stats: dict[str, float], n: int) -> str:
-        return f"{stats['mean']:.4g} ± {stats['std']:.2g}" if n > 1 else f"{stats['mean']:.4g}"
+        return f"{stats['median']:.4g} [{stats['min']:.3g}, {stats['max']:.3g}]" if n > 1 else f"{stats['median']:.4g}"
 
     for name, model in models.items():
         for h in horizons:

@@ -102,14 +102,21 @@ def variant_name(tunnel: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class _Model:
-    """One model's scores on one task variant: ``horizons[str(h)][metric]["mean"]``, prior rows."""
+    """One model's scores on one task variant: ``horizons[str(h)][metric]``, prior rows."""
 
     horizons: Mapping[str, Any]
     variant: str
     training_horizon: int
 
     def metric(self, horizon: int, metric: str) -> float:
-        return self.horizons[str(horizon)][metric]["mean"]
+        """The median over seeds (results saved before medians were kept: the mean)."""
+        stats = self.horizons[str(horizon)][metric]
+        return stats.get("median", stats["mean"])
+
+    def seed_range(self, horizon: int, metric: str) -> tuple[float, float] | None:
+        """``(min, max)`` over seeds where there are several, else None."""
+        stats = self.horizons[str(horizon)][metric]
+        return (stats["min"], stats["max"]) if "min" in stats and stats["min"] != stats["max"] else None
 
     def prior(self, horizon: int, metric: str) -> float:
         return self.horizons[str(horizon)]["prior"][metric]
@@ -155,6 +162,12 @@ def _models(
     return complete, found
 
 
+def _seed_range_text(model: _Model, horizon: int, metric: str) -> str:
+    """``; median of the seeds, range a–b`` where several seeds were trained, for the text."""
+    spread = model.seed_range(horizon, metric)
+    return f"; median of the seeds, range {_g(spread[0])}–{_g(spread[1])}" if spread else ""
+
+
 def _g(value: float) -> str:
     return f"{value:.2g}" if abs(value) < 0.01 else f"{value:.3g}"
 
@@ -183,7 +196,7 @@ def accuracy(
         h = horizon or model.training_horizon
         value = model.metric(h, metric)
         others = [m[0] for m in found if m[0] is not None and m[0] is not model]
-        ours = f"{_g(value)} bits {metric} ({model.variant})"
+        ours = f"{_g(value)} bits {metric} ({model.variant}{_seed_range_text(model, h, metric)})"
         ours += "".join(f"; {_g(m.metric(h, metric))} ({m.variant})" for m in others)
         strict = "; ".join(f"{name} {_g(model.metric(h, name))}" for name in stricter)
         return Measured({metric: value}, ours, strict)
