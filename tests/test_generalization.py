@@ -155,6 +155,22 @@ def test_late_attention_factor_is_the_ratio_of_the_two_models_errors():
         assert row["kl_factor"] == row["factors"]["kl_bits"] and row["mae_factor"] == row["factors"]["mae_bits"]
 
 
+def test_late_attention_factor_is_taken_against_the_median_seed():
+    # Three full-model seeds, one of them stuck at a worse predictor (as an HMM seed still on
+    # its plateau): the factor divides by the median seed's error, not by their mean.
+    full = [constant_run(HMM["model"], SKEWED, seed=0), constant_run(HMM["model"], UNIFORM, seed=1),
+            constant_run(HMM["model"], SKEWED, seed=2)]
+    late = constant_run(LATE, UNIFORM, seed=0)
+    result = ANALYSES["late_attention"].compute([*full, late])
+    for horizon in (4, 7):
+        variant, median_seed = closed_form(late, UNIFORM, horizon), closed_form(full[0], SKEWED, horizon)
+        row = result["horizons"][str(horizon)]
+        assert row["factors"]["kl_bits"] == pytest.approx(variant["kl_bits"] / median_seed["kl_bits"], rel=1e-5)
+        stuck = closed_form(full[1], UNIFORM, horizon)["kl_bits"]
+        mean_seed = (2 * median_seed["kl_bits"] + stuck) / 3
+        assert abs(row["factors"]["kl_bits"] - variant["kl_bits"] / mean_seed) > 0.1 * row["factors"]["kl_bits"]  # the mean would differ
+
+
 def test_seeds_spread_and_gap_to_the_mlp():
     # Two "seeds" predicting different constants: their spread is the difference of their
     # closed-form errors; the MLP's gap is measured from their mean.

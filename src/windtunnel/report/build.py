@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from windtunnel.analysis.generalization import TABLE1_METRICS
 from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, plateau_exit_step, read_metrics
+from windtunnel.report.claim_types import median_of
 from windtunnel.report.claims import evaluate_claims, variant_name
 from windtunnel.report.html import Figure, Report, Section, Table, verdict, write_report
 
@@ -133,11 +134,6 @@ def _table1_models(group: dict[str, dict[str, Any]]) -> tuple[str, list[tuple[st
     return None
 
 
-def _median(stats: dict[str, float]) -> float:
-    """The median over seeds (results saved before medians were kept: the mean)."""
-    return stats.get("median", stats["mean"])
-
-
 def _kl_range(stats: dict[str, float]) -> str | None:
     """``min–max`` over seeds where they differ, else None."""
     if "min" not in stats or stats["min"] == stats["max"]:
@@ -156,7 +152,7 @@ def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
         for name, n_runs, by_horizon in models:
             for h in horizons:
                 row = by_horizon[str(h)]
-                rows.append([name, n_runs, h, *(_median(row[m]) for m in TABLE1_METRICS), _kl_range(row["kl_bits"])])
+                rows.append([name, n_runs, h, *(median_of(row[m]) for m in TABLE1_METRICS), _kl_range(row["kl_bits"])])
         first = models[0][2]
         for h in horizons:
             prior = first[str(h)]["prior"]

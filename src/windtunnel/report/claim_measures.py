@@ -21,6 +21,7 @@ from windtunnel.report.claim_types import (
     MissingResult,
     Results,
     Values,
+    median_of,
 )
 
 __all__ = [
@@ -109,9 +110,8 @@ class _Model:
     training_horizon: int
 
     def metric(self, horizon: int, metric: str) -> float:
-        """The median over seeds (results saved before medians were kept: the mean)."""
-        stats = self.horizons[str(horizon)][metric]
-        return stats.get("median", stats["mean"])
+        """The median over seeds (:func:`~windtunnel.report.claim_types.median_of`)."""
+        return median_of(self.horizons[str(horizon)][metric])
 
     def seed_range(self, horizon: int, metric: str) -> tuple[float, float] | None:
         """``(min, max)`` over seeds where there are several, else None."""
@@ -274,10 +274,10 @@ def layer_ablation(results: Results) -> Measured:
     for tunnel, result in found.items():
         layers = result["layers"]
         metric = PAPER_METRIC[tunnel]
-        ratios = [row["ratios"][metric]["mean"] for row in layers]
+        ratios = [median_of(row["ratios"][metric]) for row in layers]
         minima.append(min(ratios))
         parts.append(f"{tunnel}{_variant_of(result)} {metric} " + ", ".join(_x(r) for r in ratios))
-        strict.append(f"{tunnel} mae_bits " + ", ".join(_x(row["ratios"]["mae_bits"]["mean"]) for row in layers))
+        strict.append(f"{tunnel} mae_bits " + ", ".join(_x(median_of(row["ratios"]["mae_bits"])) for row in layers))
     return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict))
 
 
@@ -421,13 +421,13 @@ def key_orthogonality(results: Results) -> Measured:
     measures = result["measures"]
     later = measures["normalized_output_keys_abs"]
     layer0 = later["layers"][0]
-    best, chance = layer0["best_head"]["mean"], later["chance"]["expected_abs_cos"]
+    best, chance = median_of(layer0["best_head"]), later["chance"]["expected_abs_cos"]
     signed = measures["embedding_keys_all_tokens_signed"]["layers"][0]
     ours = (
         f"best layer-0 head, output-token keys: mean |cos| {best:.2f} (chance {chance:.2f}); "
-        f"Paper-I signed mean over all tokens {signed['mean_over_heads']['mean']:+.2f}"
+        f"Paper-I signed mean over all tokens {median_of(signed['mean_over_heads']):+.2f}"
     )
-    centered = measures["in_context_input_keys_centered"]["layers"][0]["best_head"]["mean"]
+    centered = median_of(measures["in_context_input_keys_centered"]["layers"][0]["best_head"])
     strict = f"in-context input keys, centered: best layer-0 head mean |cos| {centered:.2f}"
     return Measured({"best_head_abs_cos": best, "chance_abs_cos": chance}, ours, strict)
 
@@ -440,10 +440,10 @@ def qk_sharpening(results: Results) -> Measured:
     result = _result(results, "bijection_transformer", "qk_sharpening")
     layers = result["layers"]
     lifts = [row["lift"]["evidence"] for row in layers]
-    entropies = [row["entropy_bits"]["mean"] for row in layers]
+    entropies = [median_of(row["entropy_bits"]) for row in layers]
     ours = "evidence mass / uniform share by layer " + ", ".join(f"{x:.2f}" for x in lifts)
     ours += "; attention entropy " + " → ".join(f"{h:.2f}" for h in entropies) + " bits"
-    cosines = [row["mean_cos"]["mean"] for row in result["authors_query_key_cosine"]["layers"]]
+    cosines = [median_of(row["mean_cos"]) for row in result["authors_query_key_cosine"]["layers"]]
     strict = "the authors' measure (mean cos of the query with earlier input keys) by layer " + ", ".join(
         f"{c:+.2f}" for c in cosines
     )
@@ -459,21 +459,21 @@ def sharpens_with_depth(values: Values) -> bool:
 def value_manifold(results: Results) -> Measured:
     result = _result(results, "bijection_transformer", "value_manifold")
     authors = result["measures"]["ln_final_value_positions_max_pearson"]
-    pc1, r = authors["pc1_variance"]["mean"], authors["correlation"]["value"]["mean"]
+    pc1, r = median_of(authors["pc1_variance"]), median_of(authors["correlation"]["value"])
     ours = f"bijection, final-normed value positions: PC1 {pc1:.0%}, max |Pearson| {r:.2f} (PC{authors['correlation']['pc']})"
     parts = []
     for group in ("bijection_transformer", "hmm_transformer"):
         if _has(results, group, "value_manifold"):
             mine = results[group]["value_manifold"]["measures"]["resid_supervised_spearman_pc1"]
             parts.append(
-                f"{group.split('_')[0]} residual at supervised positions: PC1 {mine['pc1_variance']['mean']:.0%}, "
-                f"|Spearman| {mine['correlation']['value']['mean']:.2f}"
+                f"{group.split('_')[0]} residual at supervised positions: PC1 {median_of(mine['pc1_variance']):.0%}, "
+                f"|Spearman| {median_of(mine['correlation']['value']):.2f}"
             )
     if _has(results, "hmm_transformer", "value_manifold"):
         hmm = results["hmm_transformer"]["value_manifold"]["measures"]["ln_final_supervised_abs_pearson_pc1"]
         parts.append(
-            f"hmm, the authors' HMM measure (no threshold): PC1 {hmm['pc1_variance']['mean']:.0%}, "
-            f"|Pearson| {hmm['correlation']['value']['mean']:.2f}"
+            f"hmm, the authors' HMM measure (no threshold): PC1 {median_of(hmm['pc1_variance']):.0%}, "
+            f"|Pearson| {median_of(hmm['correlation']['value']):.2f}"
         )
     return Measured({"pc1_variance": pc1, "correlation": r}, ours, "; ".join(parts))
 
