@@ -575,7 +575,8 @@ def test_the_authors_manifold_measures_on_a_known_final_layernorm_output():
     assert values["pc1_variance"]["mean"] == pytest.approx(0.8, abs=1e-6)
     assert values["correlation"] == {
         "statistic": "max_abs_pearson_pc1_to_pc5",
-        "value": {"mean": pytest.approx(1.0, abs=1e-6), "std": 0.0},
+        "value": {"mean": pytest.approx(1.0, abs=1e-6), "std": 0.0, "median": pytest.approx(1.0, abs=1e-6),
+                  "min": pytest.approx(1.0, abs=1e-6), "max": pytest.approx(1.0, abs=1e-6)},
         "pc": 2,
     }
     # Ours reads the residual stream before the final norm: the numbers of spaces["resid_post"].

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from windtunnel.analysis.generalization import TABLE1_METRICS
 from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, plateau_exit_step, read_metrics
 from windtunnel.report.claim_types import median_of
 from windtunnel.report.claims import evaluate_claims, variant_name
@@ -134,6 +133,11 @@ def _table1_models(group: dict[str, dict[str, Any]]) -> tuple[str, list[tuple[st
     return None
 
 
+#: Table 1's columns, as the analysis writes them (``analysis.generalization.TABLE1_METRICS``;
+#: the report reads saved results and imports no analysis).
+_TABLE1_COLUMNS = ("mae_bits", "mae_aggregate_bits", "kl_bits")
+
+
 def _kl_range(stats: dict[str, float]) -> str | None:
     """``min–max`` over seeds where they differ, else None."""
     if "min" not in stats or stats["min"] == stats["max"]:
@@ -152,14 +156,14 @@ def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
         for name, n_runs, by_horizon in models:
             for h in horizons:
                 row = by_horizon[str(h)]
-                rows.append([name, n_runs, h, *(median_of(row[m]) for m in TABLE1_METRICS), _kl_range(row["kl_bits"])])
+                rows.append([name, n_runs, h, *(median_of(row[m]) for m in _TABLE1_COLUMNS), _kl_range(row["kl_bits"])])
         first = models[0][2]
         for h in horizons:
             prior = first[str(h)]["prior"]
-            rows.append(["context-free prior", None, h, *(prior[m] for m in TABLE1_METRICS), None])
+            rows.append(["context-free prior", None, h, *(prior[m] for m in _TABLE1_COLUMNS), None])
         tables.append(
             Table(
-                ["model", "seeds", "horizon", *TABLE1_METRICS, "kl_bits over the seeds"],
+                ["model", "seeds", "horizon", *_TABLE1_COLUMNS, "kl_bits over the seeds"],
                 rows,
                 caption=f"Table 1, {group.split('_')[0]} ({variant}): bits from the exact posterior, the median over "
                 "seeds (what the claims are decided on), and the smallest and largest seed's kl_bits.",
