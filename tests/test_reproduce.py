@@ -100,11 +100,11 @@ def test_report_lists_every_figure_and_claim(tiny):
     claim_rows = [row for row in page.rows if row and row[0] in {c.claim for c in CLAIMS}]
     assert [row[0] for row in claim_rows] == [c.claim for c in CLAIMS]
     # Every claim was measured (its analysis ran); at tiny scale many do not hold, which is fine.
-    assert all(row[-1] in ("yes", "no") for row in claim_rows), [row for row in claim_rows if row[-1] not in ("yes", "no")]
+    assert all(row[1] in ("yes", "no") for row in claim_rows), [row for row in claim_rows if row[1] not in ("yes", "no")]
     header = next(row for row in page.rows if row and row[0] == "claim")
-    assert header[2] == "paper passes?" and header[5] == "random init (holds?)" and "tiny" in header[3]
+    assert header[1] == "holds?" and header[3] == "paper passes?" and header[6] == "random init (holds?)" and "tiny" in header[4]
     paper = {c.claim: c.paper_holds() for c in CLAIMS}
-    assert all(row[2] == {True: "yes", False: "no", None: "n/a"}[paper[row[0]]] for row in claim_rows)
+    assert all(row[3] == {True: "yes", False: "no", None: "n/a"}[paper[row[0]]] for row in claim_rows)
     markdown = (tiny / "report" / "report.md").read_text()
     unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
     assert all(claim.claim in unescaped for claim in CLAIMS)

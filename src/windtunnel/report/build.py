@@ -97,8 +97,8 @@ def load_results(out: Path, folder: str = "analysis") -> dict[str, dict[str, dic
 
 
 def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[str, dict[str, dict[str, Any]]], scale: str) -> Table:
-    """The claim table: the paper's number and how it fares under our criterion, ours, our
-    stricter measure, what the runs' initial weights score, the criterion, the verdict."""
+    """The claim table: the verdict, the paper's number and how it fares under our criterion,
+    ours, our stricter measure, what the runs' initial weights score, the criterion."""
     rows = []
     for ours, init in zip(evaluate_claims(results), evaluate_claims(at_init)):
         claim = ours.claim
@@ -106,11 +106,12 @@ def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[st
         if claim.paper.authors_fail:
             paper += f". The authors' own result fails it: {claim.paper.authors_fail}"
         random_init = "n/a" if init.measured is None else f"{init.ours} ({verdict(init.holds)})"
-        rows.append([claim.claim, paper, verdict(claim.paper_holds()), ours.ours, ours.stricter or None, random_init,
-                     claim.criterion, verdict(ours.holds)])
+        # The verdict sits beside the claim: the table is wider than a page and scrolls sideways.
+        rows.append([claim.claim, verdict(ours.holds), paper, verdict(claim.paper_holds()), ours.ours,
+                     ours.stricter or None, random_init, claim.criterion])
     return Table(
-        ["claim", "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
-         "ours, stricter or other measures", "random init (holds?)", "criterion", "holds?"],
+        ["claim", "holds?", "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
+         "ours, stricter or other measures", "random init (holds?)", "criterion"],
         rows,
         caption=f"Claims of the paper (SPEC §7) against this reproduction, each on the paper's metric and, where this "
         f"scale trains it, its task variant; our numbers are {scale}-scale. 'paper passes?' applies the criterion to "
