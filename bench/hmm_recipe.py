@@ -54,6 +54,10 @@ PREVIOUS_PRESET = ("train.lr=3e-3", "train.warmup_steps=200", "train.steps=15000
 RECIPES: dict[str, tuple[str, ...]] = {
     "baseline": (),  # the preset: lr 5e-3 after 1,000 warm-up steps, 12,000 steps
     "previous_preset": PREVIOUS_PRESET,
+    # The initial weights' scale (GPT-2's 0.02 in the preset): the plateau is a head that has
+    # not yet formed, and how far from uniform attention starts may decide when it does.
+    "init_std_0.01": ("model.init_std=0.01",),
+    "init_std_0.04": ("model.init_std=0.04",),
     # Measured on the 15,000-step schedule of the previous preset (README, Benchmarks):
     "lr_5e-3_warmup_1000": (*PREVIOUS_PRESET, "train.lr=5e-3", "train.warmup_steps=1000"),  # the preset's recipe
     "lr_8e-3_warmup_1500": (*PREVIOUS_PRESET, "train.lr=8e-3", "train.warmup_steps=1500"),

@@ -307,6 +307,28 @@ def test_generator_fixes_the_initial_weights():
     assert torch.equal(a["head.bias"], torch.zeros(CLASSES))
 
 
+def test_init_std_sets_the_scale_of_the_initial_weights():
+    """The same generator at twice ``init_std`` draws the same normals, each doubled (exactly:
+    scaling by 2 is exact in floating point); biases and LayerNorms do not move. The
+    default's sample std is 0.02, and 0.02 / sqrt(4) for the projections into the residual
+    stream (2 layers, each written twice: attention and MLP)."""
+    def build(**scale):
+        return build_model("transformer", TransformerConfig(2, 2, 64, 128, **scale), vocab_size=VOCAB,
+                           num_classes=CLASSES, max_len=MAX_LEN, generator=torch.Generator().manual_seed(5))
+
+    default, doubled = build().state_dict(), build(init_std=0.04).state_dict()
+    assert build(init_std=0.02).state_dict().keys() == default.keys()
+    for name, weight in default.items():
+        if name.endswith("weight") and ".ln" not in name and "ln_final" not in name:
+            assert torch.equal(doubled[name], 2 * weight), name
+        else:
+            assert torch.equal(doubled[name], weight), name
+    # 8,192 and 16,384 draws: the sample std is within 3% of sigma with probability > 0.999
+    # (its relative standard error is 1/sqrt(2n) < 0.8%).
+    assert default["blocks.0.attn.qkv.weight"].std().item() == pytest.approx(0.02, rel=0.03)
+    assert default["blocks.0.mlp.fc_out.weight"].std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.03)
+
+
 # --- building and validation --------------------------------------------------------
 
 
@@ -327,6 +349,8 @@ def test_registry_and_max_len_resolution():
         (lambda: TransformerConfig(n_heads=5), "n_heads=5"),
         (lambda: TransformerConfig(n_layers=0), "n_layers=0"),
         (lambda: TransformerConfig(d_mlp=-1), "d_mlp=-1"),
+        (lambda: TransformerConfig(init_std=0.0), "init_std=0.0 is out of range: need init_std > 0"),
+        (lambda: TransformerConfig(init_std=float("nan")), "init_std=nan is out of range: need a finite number"),
         (lambda: TransformerConfig(n_layers="6"), "n_layers='6'"),
         (lambda: TransformerConfig(no_attention_layers=(6,)), "no_attention_layers"),
         (lambda: TransformerConfig(no_attention_layers=(1, 1)), "no_attention_layers"),

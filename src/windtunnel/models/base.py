@@ -24,12 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from windtunnel.config import ConfigError
+from windtunnel.models.config import INIT_STD
 from windtunnel.models.trace import NULL_TRACE, Trace
 
 __all__ = ["SequenceModel"]
-
-#: Standard deviation of the initial weights (GPT-2's choice).
-INIT_STD = 0.02
 
 
 class SequenceModel(nn.Module, abc.ABC):
@@ -45,6 +43,10 @@ class SequenceModel(nn.Module, abc.ABC):
 
     #: Registry name of the family ("transformer", "mlp").
     kind: ClassVar[str]
+
+    #: Standard deviation of the initial weights; a family may set its own before
+    #: :meth:`reset_parameters` (the transformer's config does).
+    init_std: float = INIT_STD
 
     def __init__(
         self, blocks: list[nn.Module], *, d_model: int, vocab_size: int, num_classes: int, max_len: int
@@ -123,7 +125,7 @@ class SequenceModel(nn.Module, abc.ABC):
         return self.n_layers
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """GPT-2 initialization: N(0, 0.02) weights, zero biases, unit LayerNorms.
+        """GPT-2 initialization: N(0, ``init_std``) weights (0.02), zero biases, unit LayerNorms.
 
         Projections that write into the residual stream (``attn.proj``, ``mlp.fc_out``)
         are scaled by ``1/sqrt(n_residual_writes)`` so the stream's variance at the top
@@ -133,13 +135,13 @@ class SequenceModel(nn.Module, abc.ABC):
             generator: draws every weight (CPU), so a seed fixes the model independently
                 of the global RNG; ``None`` uses the global RNG.
         """
-        residual_std = INIT_STD / math.sqrt(self.n_residual_writes)
+        residual_std = self.init_std / math.sqrt(self.n_residual_writes)
         for name, module in self.named_modules():
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
-                std = residual_std if name.endswith((".proj", ".fc_out")) else INIT_STD
+                std = residual_std if name.endswith((".proj", ".fc_out")) else self.init_std
                 nn.init.normal_(module.weight, 0.0, std, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 from windtunnel.config import ConfigError, check_field_types
 
-__all__ = ["MLPConfig", "TransformerConfig", "resolve_max_len"]
+__all__ = ["INIT_STD", "MLPConfig", "TransformerConfig", "resolve_max_len"]
+
+#: Standard deviation of the initial weights (GPT-2's choice).
+INIT_STD = 0.02
 
 
 def _check_positive(name: str, value: int | None) -> None:
@@ -38,6 +41,9 @@ class TransformerConfig:
         no_attention_layers: indices of blocks built without attention (feed-forward and
             residual kept): the paper's "late attention disabled" variant is ``(7, 8)``
             for the 9-layer HMM model.
+        init_std: standard deviation of the initial weights (GPT-2's 0.02; the
+            projections into the residual stream get ``init_std / sqrt(n_layers)``).
+            A knob of the HMM recipe study (``bench/hmm_recipe.py``); the presets keep 0.02.
     """
 
     n_layers: int = 6
@@ -46,11 +52,14 @@ class TransformerConfig:
     d_mlp: int = 768
     max_len: int | None = None
     no_attention_layers: tuple[int, ...] = ()
+    init_std: float = INIT_STD
 
     def __post_init__(self) -> None:
         check_field_types(self)
         for name in ("n_layers", "n_heads", "d_model", "d_mlp", "max_len"):
             _check_positive(name, getattr(self, name))
+        if not self.init_std > 0:  # NaN and infinities are refused by check_field_types
+            raise ConfigError(f"init_std={self.init_std} is out of range: need init_std > 0")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}: need d_model % n_heads == 0"

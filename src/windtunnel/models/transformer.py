@@ -67,6 +67,7 @@ class Transformer(SequenceModel):
         self.config = dataclasses.replace(config, max_len=max_len)
         self.n_heads = config.n_heads
         self.d_head = config.d_head
+        self.init_std = config.init_std
         self.reset_parameters(generator)
 
     @property
