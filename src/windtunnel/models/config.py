@@ -42,7 +42,7 @@ class TransformerConfig:
             residual kept): the paper's "late attention disabled" variant is ``(7, 8)``
             for the 9-layer HMM model.
         init_std: standard deviation of the initial weights (GPT-2's 0.02; the
-            projections into the residual stream get ``init_std / sqrt(n_layers)``).
+            projections into the residual stream get ``init_std / sqrt(2 * n_layers)``).
             A knob of the HMM recipe study (``bench/hmm_recipe.py``); the presets keep 0.02.
     """
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import safetensors.torch
+from safetensors.torch import load as tensors_from_safetensors_bytes  # no pickle: the safetensors format only
 import torch
 from torch import nn
 
@@ -113,7 +114,7 @@ def _open(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     except OSError as error:
         raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {error.strerror or error}") from None
     try:
-        tensors = safetensors.torch.load(data)
+        tensors = tensors_from_safetensors_bytes(data)
         metadata = _metadata(data)
     except Exception as error:  # safetensors raises its own error types for truncated or foreign files
         raise CheckpointError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(error).__name__}): {error}") from None
@@ -129,7 +130,8 @@ def _open(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def _metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file's bytes: an 8-byte little-endian header
-    length, then the JSON header (the format's specification)."""
+    length, then the JSON header (the format's specification). Hand-read because
+    safetensors exposes metadata only through ``safe_open`` of a path, which reopens it."""
     length = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + length])
     metadata = header.get("__metadata__") or {}
