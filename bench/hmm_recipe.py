@@ -46,44 +46,70 @@ PRESET = Path(__file__).resolve().parents[1] / "configs" / "cpu" / "hmm_transfor
 EVAL_EVERY = 250
 HORIZONS = (20, 30, 50)
 
-#: The CPU preset before this study's recipe (lr 3e-3 after 200 warm-up steps, 15,000 steps):
-#: the recipes measured against it carry it, so each name means what it meant when measured.
-PREVIOUS_PRESET = ("train.lr=3e-3", "train.warmup_steps=200", "train.steps=15000")
+#: The CPU preset of the previous stop (4 layers of width 64, GPT-2's init 0.02; lr 5e-3 after
+#: 1,000 warm-up steps, 12,000 steps) and the one before it (lr 3e-3 after 200 warm-up steps,
+#: 15,000 steps): the recipes measured against them carry them, so each name means what it meant
+#: when measured.
+PREVIOUS_PRESET = ("model.n_layers=4", "model.d_model=64", "model.d_mlp=256", "model.init_std=0.02")
+OLDER_PRESET = (*PREVIOUS_PRESET, "train.lr=3e-3", "train.warmup_steps=200", "train.steps=15000")
+_DEPTH6 = ("model.n_layers=6", "model.d_model=48", "model.d_mlp=192")
 
 #: Candidate recipes: overrides of the CPU preset. ``--recipe`` adds more.
 RECIPES: dict[str, tuple[str, ...]] = {
-    "baseline": (),  # the preset: lr 5e-3 after 1,000 warm-up steps, 12,000 steps
+    "baseline": (),  # the preset: 6 layers of width 48, init 0.04, lr 5e-3 after 1,000 warm-up steps, 12,000 steps
     "previous_preset": PREVIOUS_PRESET,
-    # The initial weights' scale (GPT-2's 0.02 in the preset): the plateau is a head that has
-    # not yet formed, and how far from uniform attention starts may decide when it does.
-    "init_std_0.01": ("model.init_std=0.01",),
-    "init_std_0.04": ("model.init_std=0.04",),
-    # Measured on the 15,000-step schedule of the previous preset (README, Benchmarks):
-    "lr_5e-3_warmup_1000": (*PREVIOUS_PRESET, "train.lr=5e-3", "train.warmup_steps=1000"),  # the preset's recipe
-    "lr_8e-3_warmup_1500": (*PREVIOUS_PRESET, "train.lr=8e-3", "train.warmup_steps=1500"),
-    "lr_5e-3_batch_32": (*PREVIOUS_PRESET, "train.lr=5e-3", "train.warmup_steps=1000", "train.batch_size=32"),
-    "lr_5e-3": (*PREVIOUS_PRESET, "train.lr=5e-3"),
-    "warmup_1000": (*PREVIOUS_PRESET, "train.warmup_steps=1000"),
-    "batch_32": (*PREVIOUS_PRESET, "train.batch_size=32"),  # half the cost of a step: twice the steps per minute
-    "batch_128": (*PREVIOUS_PRESET, "train.batch_size=128"),
-    "beta2_0.95": (*PREVIOUS_PRESET, "train.betas=[0.9, 0.95]"),
-    "depth8_d48": (*PREVIOUS_PRESET, "model.n_layers=8", "model.d_model=48", "model.d_mlp=160"),  # 197k parameters
-    "depth6_d52": (*PREVIOUS_PRESET, "model.n_layers=6", "model.d_model=52", "model.d_mlp=208"),  # 204k vs 207k, deeper
-    "concentration_curriculum": (  # sharper HMMs first: T is worth more to the prediction
+    "older_preset": OLDER_PRESET,
+    # Measured against the previous preset (README, Benchmarks):
+    "depth6_d48": (*PREVIOUS_PRESET, *_DEPTH6),  # 175k parameters vs 207k, deeper
+    "depth6_d48_init_std_0.04": (*PREVIOUS_PRESET, *_DEPTH6, "model.init_std=0.04"),  # = baseline
+    "depth8_d48": (*PREVIOUS_PRESET, "model.n_layers=8", "model.d_model=48", "model.d_mlp=192"),
+    # The initial weights' scale: attention logits start 4x larger, the plateau comes in half the steps.
+    "init_std_0.04": (*PREVIOUS_PRESET, "model.init_std=0.04"),
+    "sharper_emissions_first": (  # E sharper first (T stays at 1): the previous state is nearly observed
         *PREVIOUS_PRESET,
+        "tunnel.transition_concentration=1.0",
+        "train.curriculum.param=concentration",
+        "train.curriculum.start=0.3",
+        "train.curriculum.steps=3000",
+    ),
+    "sticky_first_6000": (  # states persist first, annealed over half of training
+        *PREVIOUS_PRESET,
+        "train.curriculum.param=stickiness",
+        "train.curriculum.start=0.5",
+        "train.curriculum.steps=6000",
+        "train.curriculum.shape=linear",
+    ),
+    "beta1_0.98": (*PREVIOUS_PRESET, "train.betas=[0.98, 0.999]"),  # momentum over ~50 steps of a weak signal
+    "batch_32_24k": (  # twice the updates for the same sequences
+        *PREVIOUS_PRESET, "train.batch_size=32", "train.steps=24000", "train.warmup_steps=2000",
+    ),
+    "lr_8e-3": ("train.lr=8e-3",),  # on the baseline: its weights are twice as large, each update relatively half
+    # Measured against the older preset:
+    "lr_5e-3_warmup_1000": (*OLDER_PRESET, "train.lr=5e-3", "train.warmup_steps=1000"),  # the previous preset's recipe
+    "lr_8e-3_warmup_1500": (*OLDER_PRESET, "train.lr=8e-3", "train.warmup_steps=1500"),
+    "lr_5e-3_batch_32": (*OLDER_PRESET, "train.lr=5e-3", "train.warmup_steps=1000", "train.batch_size=32"),
+    "lr_5e-3": (*OLDER_PRESET, "train.lr=5e-3"),
+    "warmup_1000": (*OLDER_PRESET, "train.warmup_steps=1000"),
+    "batch_32": (*OLDER_PRESET, "train.batch_size=32"),  # half the cost of a step: twice the steps per minute
+    "batch_128": (*OLDER_PRESET, "train.batch_size=128"),
+    "beta2_0.95": (*OLDER_PRESET, "train.betas=[0.9, 0.95]"),
+    "older_depth8_d48": (*OLDER_PRESET, "model.n_layers=8", "model.d_model=48", "model.d_mlp=160"),  # 197k parameters
+    "older_depth6_d52": (*OLDER_PRESET, "model.n_layers=6", "model.d_model=52", "model.d_mlp=208"),  # 204k vs 207k, deeper
+    "concentration_curriculum": (  # sharper HMMs first: T is worth more to the prediction
+        *OLDER_PRESET,
         "train.curriculum.param=concentration",
         "train.curriculum.start=0.3",
         "train.curriculum.steps=3000",
     ),
     "transition_sharp_first": (  # only T sharper first: the past says more about the current state
-        *PREVIOUS_PRESET,
+        *OLDER_PRESET,
         "tunnel.transition_concentration=1.0",
         "train.curriculum.param=transition_concentration",
         "train.curriculum.start=0.2",
         "train.curriculum.steps=3000",
     ),
     "sticky_first": (  # states persist first: reading the earlier observations pays without T
-        *PREVIOUS_PRESET,
+        *OLDER_PRESET,
         "train.curriculum.param=stickiness",
         "train.curriculum.start=0.5",
         "train.curriculum.steps=3000",

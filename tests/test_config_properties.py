@@ -19,7 +19,8 @@ SECTION_KEYS = {
     "model": ["kind", "n_layers", "n_heads", "d_model", "d_mlp", "max_len", "no_attention_layers", "n_blocks",
               "d_hidden", "bogus"],
     "train": ["steps", "batch_size", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "betas", "grad_clip",
-              "target", "seed", "eval_every", "checkpoint_every", "log_every", "device", "compile", "curriculum", "bogus"],
+              "target", "seed", "eval_every", "checkpoint_every", "log_every", "device", "compile", "supervised_only",
+              "curriculum", "bogus"],
     "eval": ["n", "batch_size", "horizons", "seed", "bootstrap", "bogus"],
 }
 NAMES = st.sampled_from(["bijection", "hmm", "transformer", "mlp", "maze", "", "cosine", "soft", "cpu", "V"])

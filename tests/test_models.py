@@ -136,6 +136,50 @@ def test_explicit_path_matches_manual_forward(name):
         torch.testing.assert_close(logits.double(), manual_forward(model, x), **ORACLE_TOL)
 
 
+AT_POSITIONS = [[MAX_LEN - 1], [0, 3, 4, 9, 11], list(range(MAX_LEN))]
+
+
+@pytest.mark.parametrize("at", AT_POSITIONS, ids=["last", "scattered", "all"])
+@pytest.mark.parametrize("name", list(KINDS))
+def test_forward_at_positions_matches_manual_forward(name, at):
+    # The untraced ``at`` path drops the other positions early (the MLP control at the
+    # embedding, "no_attention" after its last attention layer, the transformer inside its
+    # last one); the oracle computes every position and is then indexed.
+    model = make(name)
+    x = tokens()
+    with torch.no_grad():
+        logits = model(x, at=torch.tensor(at))
+        assert logits.shape == (3, len(at), CLASSES)
+        torch.testing.assert_close(logits.double(), manual_forward(model, x)[:, at], **ORACLE_TOL)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_forward_at_positions_trains_like_the_full_forward(name):
+    # The gradient the trainer takes through the ``at`` path is the full forward's: same
+    # function, so autograd agrees up to float32 rounding (sums of <= 12 terms per entry).
+    at = torch.tensor([2, 5, 6, 11])
+    x = tokens()
+    grads = []
+    for fast in (False, True):
+        model = make(name).train()
+        logits = model(x, at=at) if fast else model(x)[:, at]
+        torch.log_softmax(logits, -1)[..., 0].sum().backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for key in grads[0]:
+        torch.testing.assert_close(grads[1][key], grads[0][key], atol=1e-4, rtol=1e-4, msg=key)
+
+
+def test_traced_forward_at_positions_records_every_position():
+    model = make("transformer")
+    x = tokens()
+    at = torch.tensor([1, 7])
+    logits = model(x, trace=Trace(["blocks.2.resid_post"]), at=at)
+    full, trace = model.run_with_trace(x, ["blocks.2.resid_post"])
+    torch.testing.assert_close(logits, full[:, at], atol=0, rtol=0)
+    assert trace["blocks.2.resid_post"].shape == (3, MAX_LEN, 16)
+
+
 def test_fused_equals_explicit_attention():
     # Both paths sum the same <= 12 terms per score row in float32 but in different
     # orders, and the fused kernel rescales an online softmax; each op then differs by a

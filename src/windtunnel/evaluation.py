@@ -88,7 +88,7 @@ def model_predictor(
         model.eval()
         trace = Trace((), **interventions) if interventions else None
         try:
-            logits = model(episode.tokens.to(device), trace=trace)[:, episode.positions.to(device)]  # [B, P, C]
+            logits = model(episode.tokens.to(device), trace=trace, at=episode.positions.to(device))  # [B, P, C]
         finally:
             model.train(was_training)
         return torch.softmax(logits.double(), dim=-1).cpu()

@@ -122,6 +122,12 @@ class TrainConfig:
             a compiled run's floating-point path differs from an uncompiled one's, so its
             trajectory is close to, not equal to, the plain run's (``bench/train_throughput.py``
             measures what it buys on this machine).
+        supervised_only: compute only what the supervised positions need (``model(tokens,
+            at=positions)``: the MLP control drops the other positions at the embedding, the
+            transformer after the keys and values of its last attention layer). The same
+            function up to float rounding, so a run's trajectory is close to, not equal to,
+            one with ``false`` (every position computed, as before this switch existed);
+            ``bench/train_throughput.py`` measures what it buys.
         curriculum: a tunnel parameter annealed over the first steps (:class:`CurriculumConfig`).
     """
 
@@ -143,6 +149,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     compile: bool = False
+    supervised_only: bool = True
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:

@@ -84,21 +84,30 @@ class SequenceModel(nn.Module, abc.ABC):
 
     # --- forward -------------------------------------------------------------------
 
-    def forward(self, tokens: Tensor, *, trace: Trace | None = None) -> Tensor:
-        """Logits over the classes at every position.
+    def forward(self, tokens: Tensor, *, trace: Trace | None = None, at: Tensor | None = None) -> Tensor:
+        """Logits over the classes at every position, or at the positions ``at``.
 
         Args:
             tokens: ``[B, T]`` int64 token ids, ``T <= max_len``.
             trace: records activations and applies interventions for this call only.
+            at: ``[P]`` positions (increasing): return their logits only. Untraced, the
+                model then computes only what those positions need (from the last block
+                that mixes positions on, the other positions are dropped: the MLP control
+                drops them at the embedding, the transformer in its last attention layer).
+                The numbers equal ``forward(tokens)[:, at]`` up to float rounding
+                (tests/test_models.py). A traced call computes every position.
 
         Returns:
-            ``[B, T, C]`` float32 logits; position ``t`` depends on ``tokens[:, :t+1]`` only.
+            ``[B, T, C]`` (``[B, P, C]`` with ``at``) float32 logits; position ``t``
+            depends on ``tokens[:, :t+1]`` only.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [B, T]; got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
         if T > self.max_len:
             raise ValueError(f"sequence length {T} exceeds the position table (max_len={self.max_len})")
+        if at is not None and trace is None:
+            return self._forward_at(tokens, at)
         tr = NULL_TRACE if trace is None else trace.start(self)
         positions = torch.arange(T, device=tokens.device)  # [T]
         embed = tr.record("embed", self.token_embed(tokens))  # [B, T, d_model]
@@ -108,7 +117,31 @@ class SequenceModel(nn.Module, abc.ABC):
             x = block(x, tr, layer)  # [B, T, d_model]
         x = tr.record("ln_final", self.ln_final(x))  # [B, T, d_model]
         logits = tr.record("logits", self.head(x))  # [B, T, C]
+        if at is not None:
+            logits = logits[:, at]  # [B, P, C]
         return logits.float()  # float32 even under autocast: metrics compare with float64 posteriors
+
+    def _forward_at(self, tokens: Tensor, at: Tensor) -> Tensor:
+        """The untraced forward at the positions ``at`` only: ``[B, P, C]``.
+
+        Blocks before the last one that mixes positions run on every position (their
+        outputs feed its keys and values); that block computes its queries at ``at`` only,
+        and every block after it (position-wise) sees only those positions.
+        """
+        B, T = tokens.shape
+        x = self.token_embed(tokens) + self.pos_embed(torch.arange(T, device=tokens.device))  # [B, T, d_model]
+        mixing = [layer for layer, block in enumerate(self.blocks) if block.mixes_positions]
+        cut = mixing[-1] if mixing else 0  # the block where the other positions are dropped
+        for layer, block in enumerate(self.blocks):
+            if layer < cut:
+                x = block(x, NULL_TRACE, layer)  # [B, T, d_model]
+            elif layer == cut:
+                x = block.forward_at(x, at)  # [B, P, d_model]
+            else:
+                x = block(x, NULL_TRACE, layer)  # [B, P, d_model]: position-wise from here on
+        if not self.blocks:
+            x = x[:, at]
+        return self.head(self.ln_final(x)).float()  # [B, P, C]
 
     def run_with_trace(
         self, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any

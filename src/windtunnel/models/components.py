@@ -10,14 +10,11 @@ output back to the residual stream.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from windtunnel.models.trace import Trace
+from windtunnel.models.trace import NULL_TRACE, Trace
 
 __all__ = ["Attention", "FeedForward", "MLPBlock", "TransformerBlock"]
 
@@ -47,8 +44,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)  # one matmul for W_Q, W_K, W_V
         self.proj = nn.Linear(d_model, d_model, bias=False)  # W_O
 
-    def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
-        """``[B, T, d_model]`` residual stream -> ``[B, T, d_model]`` attention output."""
+    def forward(self, x: Tensor, trace: Trace, layer: int, at: Tensor | None = None) -> Tensor:
+        """``[B, T, d_model]`` residual stream -> ``[B, T, d_model]`` attention output.
+
+        ``at`` (``[P]`` positions, untraced calls only): queries at those positions alone,
+        keys and values at every position; returns ``[B, P, d_model]``, the rows ``at`` of
+        the full output (the same numbers up to float rounding).
+        """
+        if at is not None:
+            return self._at_positions(x, at)
         B, T, d_model = x.shape
         H, d_head = self.n_heads, self.d_head
         p = f"blocks.{layer}"
@@ -73,6 +77,17 @@ class Attention(nn.Module):
                 # matmul below so recording head_out leaves the output bit-identical.
                 return head_out.sum(dim=1)  # [B, T, d_model]
         return self.proj(z.transpose(1, 2).reshape(B, T, d_model))  # [B, T, d_model]
+
+    def _at_positions(self, x: Tensor, at: Tensor) -> Tensor:
+        B, T, d_model = x.shape
+        H, d_head = self.n_heads, self.d_head
+        h = self.ln(x)  # [B, T, d_model]
+        W_Q, W_KV = self.qkv.weight[:d_model], self.qkv.weight[d_model:]  # [d_model, d_model], [2 d_model, d_model]
+        q = F.linear(h[:, at], W_Q).view(B, -1, H, d_head).transpose(1, 2)  # [B, H, P, d_head]
+        kv = F.linear(h, W_KV).view(B, T, 2, H, d_head).permute(2, 0, 3, 1, 4)  # [2, B, H, T, d_head]
+        causal = at.view(-1, 1) >= torch.arange(T, device=x.device)  # [P, T], key <= query
+        z = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=causal)  # [B, H, P, d_head]
+        return self.proj(z.transpose(1, 2).reshape(B, -1, d_model))  # [B, P, d_model]
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, trace: Trace, p: str) -> Tensor:
         T = q.shape[2]
@@ -122,6 +137,20 @@ class TransformerBlock(nn.Module):
         self.attn = Attention(d_model, n_heads) if attention else None
         self.mlp = FeedForward(d_model, d_mlp)
 
+    @property
+    def mixes_positions(self) -> bool:
+        """Whether a position's output reads other positions (only through attention)."""
+        return self.attn is not None
+
+    def forward_at(self, x: Tensor, at: Tensor) -> Tensor:
+        """Untraced, ``[B, T, d_model]`` -> ``[B, P, d_model]``: the residual stream after the
+        block at the positions ``at`` only, computing nothing that other positions alone need."""
+        if self.attn is None:
+            x = x[:, at]
+        else:
+            x = x[:, at] + self.attn(x, NULL_TRACE, 0, at=at)
+        return x + self.mlp(x, NULL_TRACE, 0)
+
     def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
         """``[B, T, d_model]`` -> ``[B, T, d_model]`` residual stream."""
         p = f"blocks.{layer}"
@@ -143,9 +172,16 @@ class MLPBlock(nn.Module):
         d_hidden: hidden width.
     """
 
+    mixes_positions = False
+
     def __init__(self, d_model: int, d_hidden: int) -> None:
         super().__init__()
         self.mlp = FeedForward(d_model, d_hidden)
+
+    def forward_at(self, x: Tensor, at: Tensor) -> Tensor:
+        """Untraced, ``[B, T, d_model]`` -> ``[B, P, d_model]`` at the positions ``at``."""
+        x = x[:, at]
+        return x + self.mlp(x, NULL_TRACE, 0)
 
     def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
         """``[B, T, d_model]`` -> ``[B, T, d_model]`` residual stream."""

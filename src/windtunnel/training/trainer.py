@@ -321,7 +321,10 @@ def _train(
         generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
         episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)
         with autocast:
-            logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+            if t.supervised_only:
+                logits = forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
+            else:
+                logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
         loss = _loss(logits, episode, t.target)
         # One collective per step carries the loss and any pending Ctrl-C, so every rank
         # agrees on divergence and on the step at which to stop.
