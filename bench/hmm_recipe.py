@@ -224,11 +224,14 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="keep the run directories here (default: a temporary folder)")
     args = parser.parse_args()
     try:
-        recipes = {name: RECIPES[name] for name in args.recipes if name in RECIPES}
-        unknown = [name for name in args.recipes if name not in RECIPES]
+        # Recipes added with --recipe always run, and may also be named in --recipes.
+        extra = dict(parse_recipe(text) for text in args.recipe)
+        known = {**RECIPES, **extra}
+        unknown = [name for name in args.recipes if name not in known]
         if unknown:
-            raise ConfigError(f"unknown recipe {unknown[0]!r}; known: {', '.join(RECIPES)} (or add one with --recipe)")
-        recipes.update(parse_recipe(text) for text in args.recipe)
+            raise ConfigError(f"unknown recipe {unknown[0]!r}; known: {', '.join(known)} (or add one with --recipe)")
+        recipes = {name: known[name] for name in args.recipes}
+        recipes.update(extra)
         steps = {name: load_run_config(PRESET, overrides).train.steps for name, overrides in recipes.items()}
         if args.until is not None and (args.until < EVAL_EVERY or args.until % EVAL_EVERY):
             raise ConfigError(f"--until {args.until} is out of range: need a positive multiple of {EVAL_EVERY} (the checkpoint interval)")
