@@ -131,16 +131,12 @@ class SequenceModel(nn.Module, abc.ABC):
         B, T = tokens.shape
         x = self.token_embed(tokens) + self.pos_embed(torch.arange(T, device=tokens.device))  # [B, T, d_model]
         mixing = [layer for layer, block in enumerate(self.blocks) if block.mixes_positions]
-        cut = mixing[-1] if mixing else 0  # the block where the other positions are dropped
+        if not mixing:
+            x = x[:, at]  # position-wise throughout (the MLP control): drop the rest at once
+        cut = mixing[-1] if mixing else -1  # the block where the other positions are dropped
         for layer, block in enumerate(self.blocks):
-            if layer < cut:
-                x = block(x, NULL_TRACE, layer)  # [B, T, d_model]
-            elif layer == cut:
-                x = block.forward_at(x, at)  # [B, P, d_model]
-            else:
-                x = block(x, NULL_TRACE, layer)  # [B, P, d_model]: position-wise from here on
-        if not self.blocks:
-            x = x[:, at]
+            # [B, T, d_model] before the cut, [B, P, d_model] from it on
+            x = block.forward_at(x, at) if layer == cut else block(x, NULL_TRACE, layer)
         return self.head(self.ln_final(x)).float()  # [B, P, C]
 
     def run_with_trace(

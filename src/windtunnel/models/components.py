@@ -144,11 +144,9 @@ class TransformerBlock(nn.Module):
 
     def forward_at(self, x: Tensor, at: Tensor) -> Tensor:
         """Untraced, ``[B, T, d_model]`` -> ``[B, P, d_model]``: the residual stream after the
-        block at the positions ``at`` only, computing nothing that other positions alone need."""
-        if self.attn is None:
-            x = x[:, at]
-        else:
-            x = x[:, at] + self.attn(x, NULL_TRACE, 0, at=at)
+        block at the positions ``at`` only, computing nothing that other positions alone need
+        (called on the last block that mixes positions, so ``attn`` is present)."""
+        x = x[:, at] + self.attn(x, NULL_TRACE, 0, at=at)
         return x + self.mlp(x, NULL_TRACE, 0)
 
     def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
@@ -177,11 +175,6 @@ class MLPBlock(nn.Module):
     def __init__(self, d_model: int, d_hidden: int) -> None:
         super().__init__()
         self.mlp = FeedForward(d_model, d_hidden)
-
-    def forward_at(self, x: Tensor, at: Tensor) -> Tensor:
-        """Untraced, ``[B, T, d_model]`` -> ``[B, P, d_model]`` at the positions ``at``."""
-        x = x[:, at]
-        return x + self.mlp(x, NULL_TRACE, 0)
 
     def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
         """``[B, T, d_model]`` -> ``[B, T, d_model]`` residual stream."""
