@@ -171,7 +171,7 @@ CASES: list[Case] = [
     Case("usage", "reproduce --nproc-per-run 0 --out {tmp}/r", "argument --nproc-per-run: 0 is out of range"),
     Case("usage", "analyze", "the following arguments are required: RUN_DIR"),
     # --- sample: seeds, tunnels, parameters ------------------------------------------
-    Case("sample", "sample nope", "unknown tunnel 'nope'; choose one of: bijection, hmm"),
+    Case("sample", "sample nope", "unknown tunnel 'nope'; choose one of: assoc_recall, bijection, hmm"),
     Case("sample", "sample BIJECTION", "unknown tunnel 'BIJECTION'"),
     Case("sample", "sample bijection --seed 99999999999999999999999", "--seed 99999999999999999999999 is out of range"),
     Case("sample", "sample bijection --seed -1", "--seed -1 is out of range"),
@@ -319,7 +319,7 @@ CASES: list[Case] = [
     Case("eval", "eval {untrained}", "holds no trained weights yet"),
     Case("eval", "eval {run} --step 7", "--step 7 is not a snapshot"),
     Case("eval", "eval {run} --step -1", "--step -1 is not a snapshot"),
-    Case("eval", "eval {run} --relabel", "--relabel applies to the hmm tunnel"),
+    Case("eval", "eval {run} --relabel", "--relabel applies to tunnels with hidden states to relabel (hmm), not 'bijection'"),
     Case("eval", "eval {snapshot_truncated}", "is truncated or corrupt"),
     Case("eval", "eval {snapshot_tampered}", "checksum"),
     Case("eval", "eval {snapshot_bad_meta}", "snapshot metadata"),

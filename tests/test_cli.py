@@ -57,7 +57,7 @@ def test_table_format():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["sample", "nope"], "unknown tunnel 'nope'; choose one of: bijection, hmm"),
+        (["sample", "nope"], "unknown tunnel 'nope'; choose one of: assoc_recall, bijection, hmm"),
         (["sample", "hmm", "--set", "X=1"], "unknown key 'X' for HMMTunnel"),
         (["sample", "hmm", "--set", "K=ten"], "K='ten' has the wrong type: expected int"),
         (["sample", "hmm", "--set", "concentration=0"], "concentration=0.0 is out of range"),
@@ -95,3 +95,36 @@ def test_sample_streams_in_chunks_that_continue_one_stream():
     tunnel.sample(256, generator=generator)
     rest = tunnel.sample(44, generator=generator)
     assert [json.loads(line)["tokens"] for line in lines[256:]] == rest.tokens.tolist()
+
+
+def _manifest(**changes) -> dict:
+    """A reproduction's manifest (reproduce.json) of one finished run, with ``changes``."""
+    run = {"name": "hmm_mlp_seed0", "run_dir": "runs/hmm_mlp_seed0", "preset": "hmm_mlp", "seed": 0}
+    return {"scale": "tiny", "stage": "done", "wall_s": 60.0, "command": "windtunnel reproduce --scale tiny --out r",
+            "hardware": "any machine", "cuts": ["A smoke test."], "runs": [run], **changes}
+
+
+@pytest.mark.parametrize(
+    "folder, manifest, message",
+    [
+        ("missing", None, "{dir}' is not a reproduction folder: it does not exist"),
+        ("empty", None, "{dir}' is not a reproduction folder: it has no reproduce.json"),
+        ("unfinished", _manifest(stage="analyze"), "is an unfinished reproduction (stopped at stage 'analyze'): finish it"),
+        ("older", {"scale": "tiny", "stage": "done", "wall_s": 1.0}, "has no valid 'cuts' (damaged, or written by an older"),
+        ("no_run", _manifest(), "runs/hmm_mlp_seed0' has no config.json: the run never started"),
+    ],
+)
+def test_report_of_a_folder_that_is_no_finished_reproduction_is_one_line_and_exit_2(tmp_path, folder, manifest, message):
+    """`windtunnel report DIR` reads DIR alone: a folder without a manifest, or with one of an
+    unfinished (or older, or damaged) reproduction, is named in one line, and nothing is written."""
+    out = tmp_path / folder
+    if folder != "missing":
+        out.mkdir()
+    if manifest is not None:
+        (out / "reproduce.json").write_text(json.dumps(manifest))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = windtunnel("report", str(out))
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+    assert result.stderr.startswith("windtunnel: error: ") and message.format(dir=out) in result.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no report/, no lock left behind

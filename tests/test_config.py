@@ -53,7 +53,7 @@ def test_bad_overrides_say_what_is_wrong(assignment, message):
 
 def test_registry_lists_valid_names():
     assert tunnel_class("hmm") is HMMTunnel
-    with pytest.raises(ConfigError, match="unknown tunnel 'hmmm'; choose one of: bijection, hmm"):
+    with pytest.raises(ConfigError, match="unknown tunnel 'hmmm'; choose one of: assoc_recall, bijection, hmm"):
         make_tunnel("hmmm")
     with pytest.raises(ConfigError, match="unknown key 'v'"):
         make_tunnel("bijection", {"v": 3})

@@ -207,7 +207,7 @@ def test_score_intervals_cover_the_true_means_at_their_level_and_a_50_percent_in
 class TableTunnel:
     """A fake tunnel for score_relabeling: "relabeling" points every sequence at error table 1."""
 
-    S = 2
+    n_labels = 2
 
     def relabel(self, episode, permutation):
         tokens = episode.tokens.clone()

@@ -202,7 +202,7 @@ def test_which_analyses_apply(tmp_path):
     assert ANALYSES["late_attention"].applies_to(mixed) is not None
     assert ANALYSES["layer_ablation"].applies_to(mixed) is not None  # averages seeds of one model only
     bijection = constant_run({**HMM["model"]}, [1 / 4] * 4, base={"tunnel": {"name": "bijection", "V": 4}, "eval": {"n": 32}})
-    assert "which the bijection tunnel has not" in ANALYSES["relabeling"].applies_to([bijection])
+    assert "the bijection tunnel does not declare Relabeling" in ANALYSES["relabeling"].applies_to([bijection])
     with pytest.raises(ConfigError, match="does not apply"):
         analyze_runs([bijection], tmp_path, only=["relabeling"])
 

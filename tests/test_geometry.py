@@ -19,7 +19,7 @@ from matplotlib import image
 from windtunnel.analysis import probes  # noqa: F401  (registers linear_probes for the end-to-end test)
 from windtunnel.analysis.base import Run
 from windtunnel.analysis.stats import average_ranks, pca, pearson, spearman
-from windtunnel.analysis.attention import attention_categories, qk_sharpening
+from windtunnel.analysis.attention import qk_sharpening
 from windtunnel.analysis.keys import cosine_matrix, expected_abs_cosine, key_orthogonality, welch_rms_bound
 from windtunnel.analysis.manifold import value_manifold
 from windtunnel.analysis.runner import analyze_runs
@@ -289,7 +289,7 @@ def test_bijection_key_categories_of_a_written_out_sequence():
         tokens, torch.tensor([0, 2, 4]), torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, 4), torch.zeros(1, 3)
     )
     categories = {
-        name: mask[0].nonzero().tolist() for name, mask in attention_categories(BijectionTunnel(V=4), episode).items()
+        name: mask[0].nonzero().tolist() for name, mask in BijectionTunnel(V=4).attention_categories(episode).items()
     }
     assert categories == {
         # query p=1 (x=3, new): every earlier output is evidence; p=2 (x=1, repeat): the answer y=2 at position 1
@@ -306,7 +306,7 @@ def test_bijection_key_categories_of_a_written_out_sequence():
 )
 def test_key_categories_partition_the_causal_keys(tunnel):
     episode = episodes_of(tunnel, n=32)[0]
-    categories = attention_categories(tunnel, episode)
+    categories = tunnel.attention_categories(episode)
     count = sum(mask.long() for mask in categories.values())  # [B, P, T]
     causal = torch.arange(episode.tokens.shape[1])[None, :] <= episode.positions[:, None]  # [P, T]
     assert torch.equal(count, causal.long().expand_as(count))

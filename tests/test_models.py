@@ -1,6 +1,7 @@
 """Model truth: causality, both attention paths against an independent manual forward,
 ablations against hand computations, parameter counts against closed forms, capacity
-matching, checkpoint round trips, and config validation.
+matching, checkpoint round trips, config validation, the family registry (a toy family
+registered from here) and the run identity analyses group by.
 
 The oracle (:func:`manual_forward`) is written here from the raw ``state_dict`` in
 float64, one head at a time with an explicit softmax, and shares no code with the models.
@@ -8,19 +9,26 @@ float64, one head at a time with an explicit softmax, and shares no code with th
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from windtunnel.config import ConfigError
+from windtunnel.analysis import ANALYSES, Run
+from windtunnel.analysis.base import Configuration, RunKey, by_configuration
+from windtunnel.config import ConfigError, check_field_types
 from windtunnel.models import (
     MODELS,
     PARTS,
     MLPConfig,
     MLPControl,
+    Role,
+    SequenceModel,
     Trace,
     Transformer,
     TransformerConfig,
@@ -28,9 +36,15 @@ from windtunnel.models import (
     count_params,
     match_transformer,
     mlp_param_count,
+    model_class,
     params_by_part,
+    register_model,
+    run_with_trace,
     size_mlp,
 )
+from windtunnel.models.config import resolve_max_len
+from windtunnel.run_config import run_config_from_mapping
+from windtunnel.runs import build_run_model
 
 VOCAB, CLASSES, MAX_LEN = 11, 5, 12
 TINY = TransformerConfig(n_layers=3, n_heads=2, d_model=16, d_mlp=24)
@@ -378,7 +392,7 @@ def test_init_std_sets_the_scale_of_the_initial_weights():
 
 
 def test_registry_and_max_len_resolution():
-    assert set(MODELS) == {"transformer", "mlp"}
+    assert set(MODELS) == {"transformer", "mlp", "lstm", "mamba"}
     shape = {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_mlp": 8}
     model = build_model("transformer", shape, vocab_size=5, num_classes=2, max_len=7)
     assert model.max_len == 7 and model.config.max_len == 7
@@ -403,7 +417,7 @@ def test_registry_and_max_len_resolution():
         (lambda: MLPConfig(d_model=192, n_blocks=18), "matched_to=None"),
         (lambda: MLPConfig(d_model=128, matched_to=TransformerConfig()), "d_model=128"),
         (lambda: MLPConfig(d_hidden=0, n_blocks=2), "d_hidden=0"),
-        (lambda: build_model("lstm", None, vocab_size=5, num_classes=2, max_len=4), "mlp, transformer"),
+        (lambda: build_model("gru", None, vocab_size=5, num_classes=2, max_len=4), "lstm, mamba, mlp, transformer"),
         (lambda: build_model("transformer", None, vocab_size=5, num_classes=2), "max_len=None"),
         (lambda: build_model("transformer", TransformerConfig(max_len=8), vocab_size=5, num_classes=2, max_len=9),
          "max_len=8"),
@@ -416,3 +430,154 @@ def test_bad_configs_raise_one_line_config_errors(build, match):
     with pytest.raises(ConfigError, match=match) as error:
         build()
     assert "\n" not in str(error.value)
+
+
+# --- model families: what each declares, the registry, a toy family from outside ------
+
+
+def test_families_declare_themselves():
+    assert (Transformer.role, MLPControl.role) == ("subject", "control")
+    assert Transformer.variant(TINY) == "" and Transformer.variant(TINY_NO_ATTN) == "no attention in 2"
+    assert Transformer.variant(TransformerConfig(no_attention_layers=(4, 5))) == "no attention in 4,5"
+    assert MLPControl.variant(TINY_MLP) == ""
+    shape = dict(vocab_size=VOCAB, num_classes=CLASSES, max_len=MAX_LEN)
+    assert Transformer.sizing_info(TINY, **shape) == {}
+    assert MLPControl.sizing_info(TINY_MLP, **shape) == {"n_blocks": 3, "d_hidden": 20}  # given sizes, no target
+    for name in KINDS:
+        model = make(name)
+        assert type(model).activation_names_for(model.config) == model.activation_names, name
+    # the hook reports the shape the constructor builds, and the matched transformer's count
+    matched = MLPConfig(d_model=16, n_blocks=2, d_hidden=20, matched_to=TINY)  # given sizes, compared
+    info = MLPControl.sizing_info(matched, **shape)
+    control = MLPControl(matched, **shape)
+    target = count_params(Transformer(TINY, **shape))
+    assert (info["n_blocks"], info["d_hidden"], info["target_params"]) == (
+        control.config.n_blocks, control.config.d_hidden, target)
+    assert info["mismatch"] == pytest.approx((count_params(control) - target) / target, abs=1e-6)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+    """The toy family's shape: embedding width and position table."""
+
+    d_model: int = 8
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+
+
+class ToyFamily(SequenceModel):
+    """Per position: token + position embedding -> LayerNorm -> head (no blocks at all)."""
+
+    kind: ClassVar[str] = "toy"
+    config_class: ClassVar[type] = ToyConfig
+    role: ClassVar[Role] = "control"
+
+    def __init__(self, config: ToyConfig | None = None, *, vocab_size: int, num_classes: int,
+                 max_len: int | None = None, generator: torch.Generator | None = None) -> None:
+        config = ToyConfig() if config is None else config
+        max_len = resolve_max_len(config.max_len, max_len)
+        super().__init__([], d_model=config.d_model, vocab_size=vocab_size, num_classes=num_classes, max_len=max_len)
+        self.config = dataclasses.replace(config, max_len=max_len)
+        self.reset_parameters(generator)
+
+    @property
+    def n_residual_writes(self) -> int:
+        return 1  # nothing writes into the residual stream; 1 leaves the init scale as is
+
+    @classmethod
+    def activation_names_for(cls, config: ToyConfig) -> list[str]:
+        return ["embed", "pos_embed", "ln_final", "logits"]
+
+    @classmethod
+    def variant(cls, config: ToyConfig) -> str:
+        return "" if config.d_model == 8 else f"width {config.d_model}"
+
+    @classmethod
+    def sizing_info(cls, config: Any, *, vocab_size: int, num_classes: int, max_len: int | None) -> dict[str, Any]:
+        return {"width": config.d_model}
+
+
+@pytest.fixture
+def toy_family():
+    """:class:`ToyFamily` registered as "toy" for one test, and removed after it."""
+    register_model(ToyFamily)
+    try:
+        yield ToyFamily
+    finally:
+        MODELS.pop(ToyFamily.kind)
+
+
+TOY_RUN = {"tunnel": {"name": "bijection", "V": 5}, "model": {"kind": "toy", "d_model": 6}, "eval": {"n": 16}}
+
+
+def test_a_family_registered_from_outside_builds_and_round_trips(toy_family):
+    model = build_model("toy", {"d_model": 6}, vocab_size=VOCAB, num_classes=CLASSES, max_len=MAX_LEN)
+    assert type(model) is toy_family and model.config == ToyConfig(6, MAX_LEN) and model_class("toy") is toy_family
+    x = tokens()
+    logits, trace = run_with_trace(model, x, "*")
+    assert logits.shape == (3, MAX_LEN, CLASSES) and list(trace) == model.activation_names
+    torch.testing.assert_close(model(x, at=torch.tensor([2, 5])), logits[:, [2, 5]])
+    # the [model] section parses through the family's config class, and round-trips
+    config = run_config_from_mapping(TOY_RUN, ["model.d_model=4"])
+    assert config.model == ToyConfig(4) and config.model_kind == "toy"
+    assert config.to_mapping()["model"] == {"kind": "toy", "d_model": 4, "max_len": None}
+    assert run_config_from_mapping(config.to_mapping()) == config
+    with pytest.raises(ConfigError, match="depth"):
+        run_config_from_mapping({**TOY_RUN, "model": {"kind": "toy", "depth": 2}})
+    # and a run of it has an identity like any other
+    run = Run(Path("/toy"), config, build_run_model(config).eval(), 0)
+    assert isinstance(run.model, toy_family) and run.role == "control"
+    assert (run.key.family, run.key.variant, run.label) == ("toy", "width 4", "toy (width 4) seed 0")
+
+
+def test_register_model_refuses_a_second_family_of_one_kind(toy_family):
+    with pytest.raises(ValueError, match="model kind 'toy' is registered already"):
+        register_model(toy_family)
+    with pytest.raises(ValueError, match="model kind 'transformer' is registered already"):
+        register_model(type("Impostor", (toy_family,), {"kind": "transformer", "config_class": MLPConfig}))
+    with pytest.raises(ValueError, match="config_class=ToyConfig is registered already"):
+        register_model(type("Twin", (toy_family,), {"kind": "toy2"}))
+    with pytest.raises(ValueError, match="role='baseline'"):
+        register_model(type("Odd", (toy_family,), {"kind": "toy3", "role": "baseline"}))
+    assert set(MODELS) == {"transformer", "mlp", "lstm", "mamba", "toy"}  # none of the refused ones stayed
+    with pytest.raises(ConfigError, match="choose one of: lstm, mamba, mlp, toy, transformer$"):
+        model_class("gru")
+
+
+# --- run identity: what the analyses group seeds by ----------------------------------
+
+RUN = {
+    "tunnel": {"name": "bijection", "V": 5},
+    "model": {"kind": "transformer", "n_layers": 2, "n_heads": 2, "d_model": 8, "d_mlp": 16},
+    "eval": {"n": 16},
+}
+
+
+def run_of(*overrides: str, base: dict = RUN) -> Run:
+    config = run_config_from_mapping(base, overrides)
+    return Run(Path("/constructed"), config, build_run_model(config).eval(), 0)
+
+
+def test_seeds_of_one_configuration_share_it_and_a_variant_does_not():
+    seed0, seed1 = run_of("train.seed=0"), run_of("train.seed=1")
+    late = run_of("train.seed=0", "model.no_attention_layers=[1]")
+    late1 = run_of("train.seed=1", "model.no_attention_layers=[1]")
+    assert seed0.key != seed1.key and seed0.configuration == seed1.configuration
+    assert seed1.key == RunKey(seed0.key.tunnel, "transformer", "", 1)
+    assert seed0.configuration == Configuration(seed0.key.tunnel, "transformer", "")
+    assert late.configuration != seed0.configuration and late.configuration == late1.configuration
+    assert late.key.variant == "no attention in 1" and late.configuration.name == "transformer (no attention in 1)"
+    # the legend text is derived from the key, unchanged
+    assert [r.label for r in (seed0, seed1, late)] == [
+        "transformer seed 0", "transformer seed 1", "transformer (no attention in 1) seed 0"]
+    assert run_of("train.seed=2", base={**RUN, "model": {"kind": "mlp", "d_model": 8, "n_blocks": 2, "d_hidden": 8}}).label == "mlp seed 2"
+    # the tunnel's parameters are part of the configuration, not only its name
+    assert run_of("tunnel.V=6").configuration != seed0.configuration
+    groups = by_configuration([seed0, late, seed1, late1])
+    assert list(groups) == [seed0.configuration, late.configuration]
+    assert [len(g) for g in groups.values()] == [2, 2]
+    seeds_scope = ANALYSES["length_generalization"]
+    assert seeds_scope.scope == "seeds" and seeds_scope.applies_to([seed0, seed1]) is None
+    assert "differ in model" in seeds_scope.applies_to([seed0, late])

@@ -3,15 +3,19 @@ every figure and every claim; then resumption and bad requests."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib import image
 
+import windtunnel.report.build as report_build
 from windtunnel.cli import main
 from windtunnel.report.build import FIGURE_PLAN, INIT_DIR, load_results
 from windtunnel.report.claims import CLAIMS, evaluate_claims
@@ -109,6 +113,51 @@ def test_report_lists_every_figure_and_claim(tiny):
     unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
     assert all(claim.claim in unescaped for claim in CLAIMS)
     assert "figure missing" not in markdown
+
+
+def test_the_manifest_lists_the_scale_and_every_run(tiny):
+    """reproduce.json holds what the report needs besides the runs' and analyses' own files."""
+    manifest = json.loads((tiny / "reproduce.json").read_text())
+    scale = SCALES["tiny"]
+    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs"}
+    assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
+    assert manifest["cuts"] == list(scale.cuts) and manifest["wall_s"] > 0
+    assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {tiny}"
+    jobs = plan_runs(scale, tiny)
+    assert [run["name"] for run in manifest["runs"]] == [job.name for job in jobs]  # plan order: the runs table's
+    for run, job in zip(manifest["runs"], jobs):
+        assert run["run_dir"] == f"runs/{job.name}" and tiny / run["run_dir"] == job.run_dir
+        assert run["name"] == f"{run['preset']}_seed{run['seed']}" and run["seed"] == job.resolved().train.seed
+
+
+def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_path, capsys):
+    """`windtunnel report` on a copy of the folder without any weights or the report, in a call
+    that is given the path alone, writes the report reproduce wrote (its writing time aside)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny, copy, ignore=shutil.ignore_patterns("*.safetensors", "report", ".lock"))
+    assert main(["report", str(copy)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"report": str(copy / "report" / "index.html"), "markdown": str(copy / "report" / "report.md")}
+    written = {  # the one line that says when the report was written
+        "report.md": re.compile(r"^- \*\*written:\*\* .*$", re.M),
+        "index.html": re.compile(r"<dt>written</dt><dd>[^<]*</dd>"),
+    }
+    for name, pattern in written.items():
+        original, rebuilt = (tiny / "report" / name).read_text(), (copy / "report" / name).read_text()
+        assert len(pattern.findall(original)) == 1 == len(pattern.findall(rebuilt)), name
+        assert pattern.sub("", rebuilt) == pattern.sub("", original), name
+    unescaped = original.replace("\\", "")  # the Markdown escapes punctuation with backslashes
+    assert "hmm_mlp_seed0" in unescaped and "A smoke test of the pipeline" in unescaped
+
+
+def test_the_report_imports_nothing_of_the_reproduction():
+    """Every import of report/build.py (functions and type-checking blocks included) is of the
+    report, the history or the standard library: never the plan it reports on."""
+    tree = ast.parse(Path(report_build.__file__).read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    ours = {name for name in names if name.startswith("windtunnel")}
+    assert ours == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims", "windtunnel.report.html"}
 
 
 def test_the_report_renders_in_a_real_browser(tiny, tmp_path):

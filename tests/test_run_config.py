@@ -20,8 +20,8 @@ PAPER = sorted((CONFIGS / "paper").glob("*.toml"))
 
 def test_paper_presets_follow_the_paper_protocol():
     assert {p.stem for p in PAPER} == {
-        "bijection_transformer", "bijection_mlp", "bijection_replacement_transformer",
-        "hmm_transformer", "hmm_mlp", "hmm_late_attention_off",
+        "bijection_transformer", "bijection_mlp", "bijection_lstm", "bijection_mamba", "bijection_replacement_transformer",
+        "hmm_transformer", "hmm_mlp", "hmm_lstm", "hmm_mamba", "hmm_late_attention_off",
     }
     for path in PAPER:
         config = load_run_config(path)
@@ -103,20 +103,20 @@ def test_protocol_is_identical_across_architectures_within_a_task(scale):
     """SPEC §5: within a task every model sees the same tunnel, training and evaluation."""
     folder = CONFIGS / scale
     assert {p.stem for p in folder.glob("*.toml")} == {
-        "bijection_transformer", "bijection_mlp", "bijection_replacement_transformer",
-        "hmm_transformer", "hmm_mlp", "hmm_late_attention_off",
+        "bijection_transformer", "bijection_mlp", "bijection_lstm", "bijection_mamba", "bijection_replacement_transformer",
+        "hmm_transformer", "hmm_mlp", "hmm_lstm", "hmm_mamba", "hmm_late_attention_off",
     }
     replacement = load_run_config(folder / "bijection_replacement_transformer.toml")
     reference = load_run_config(folder / "bijection_transformer.toml")
     # Only the tunnel differs, and the training stream's curriculum (which draws from the tunnel).
     assert replacement.model == reference.model
     assert dataclasses.replace(replacement.train, curriculum=reference.train.curriculum) == reference.train
-    for task, variants in (("bijection", ["mlp"]), ("hmm", ["mlp", "late_attention_off"])):
+    for task, variants in (("bijection", ["mlp", "lstm", "mamba"]), ("hmm", ["mlp", "lstm", "mamba", "late_attention_off"])):
         reference = load_run_config(folder / f"{task}_transformer.toml")
         for variant in variants:
             config = load_run_config(folder / f"{task}_{variant}.toml")
             assert (config.tunnel, config.train, config.eval) == (reference.tunnel, reference.train, reference.eval)
-            if variant == "mlp":
+            if variant in ("mlp", "lstm", "mamba"):  # the controls: matched to the transformer
                 assert config.model.matched_to == reference.model and config.model.d_model == reference.model.d_model
             else:
                 top_two = (reference.model.n_layers - 2, reference.model.n_layers - 1)

@@ -27,7 +27,8 @@ from windtunnel.config import ConfigError
 from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.memory import check_fits
-from windtunnel.models import build_model, count_params, match_transformer, params_by_part
+from windtunnel.models import build_model, count_params, model_class, params_by_part
+from windtunnel.report.build import ReportError, build_report
 from windtunnel.reproduce import reproduce
 from windtunnel.run_config import MAX_SEED, load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
@@ -141,6 +142,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     reproduce.set_defaults(run=_cmd_reproduce)
 
+    report = commands.add_parser(
+        "report",
+        help="rebuild the report of a finished reproduction from its folder",
+        description="Write DIR/report/index.html and report.md again from what `windtunnel reproduce --out DIR` saved "
+        "in DIR (its reproduce.json, its runs' configs and histories, its analyses); nothing is trained or analyzed.",
+    )
+    report.add_argument("out", metavar="DIR", help="the folder of a finished reproduction")
+    report.set_defaults(run=_cmd_report)
+
     sweep = commands.add_parser(
         "sweep",
         help="train one run of CONFIG per seed (resumable; in parallel processes with --jobs)",
@@ -195,23 +205,23 @@ def _cmd_info(args: argparse.Namespace) -> None:
     shape = dict(vocab_size=tunnel.vocab_size, num_classes=tunnel.num_classes, max_len=config.max_len)
     with torch.device("meta"):  # counts need shapes, not memory
         model = build_model(config.model_kind, config.model, **shape)
+        # the family's own lines (the MLP control's sizing builds a transformer to count it)
+        family_info = model_class(config.model_kind).sizing_info(config.model, **shape)
     result: dict[str, Any] = {"config": args.config, "kind": config.model_kind, **shape}
     result["params"] = count_params(model)
     result["params_by_part"] = params_by_part(model)
-    if config.model_kind == "mlp":
-        result["n_blocks"], result["d_hidden"] = model.config.n_blocks, model.config.d_hidden
-        sizing = match_transformer(config.model, **shape)
-        if sizing is not None:
-            result["target_params"] = sizing.target_params
-            result["mismatch"] = round(sizing.mismatch, 6)
+    result.update(family_info)
     print(json.dumps(result) if args.json else _info_table(result))
 
 
 def _info_table(result: dict[str, Any]) -> str:
     rows = [("config", result["config"]), ("model", result["kind"]),
             ("vocab_size / classes / max_len", f"{result['vocab_size']} / {result['num_classes']} / {result['max_len']}")]
-    if "n_blocks" in result:
-        rows.append(("n_blocks x d_hidden", f"{result['n_blocks']} x {result['d_hidden']}"))
+    # the family's own sizes (the MLP's n_blocks x d_hidden, the LSTM's n_layers x d_hidden, ...)
+    common = {"config", "kind", "vocab_size", "num_classes", "max_len", "params", "params_by_part", "target_params", "mismatch"}
+    sizes = [key for key in result if key not in common]
+    if sizes:
+        rows.append((" x ".join(sizes), " x ".join(str(result[key]) for key in sizes)))
     rows.append(("parameters", f"{result['params']:,}"))
     rows += [(f"  {part}", f"{count:,}") for part, count in result["params_by_part"].items()]
     if "target_params" in result:
@@ -293,6 +303,16 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 def _cmd_reproduce(args: argparse.Namespace) -> None:
     with _one_writer(Path(args.out), create=True):
         index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run)
+    print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
+
+
+def _cmd_report(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    with _one_writer(out):
+        try:
+            index = build_report(out)
+        except ReportError as error:  # not a finished reproduction: bad input, as for every command
+            raise ConfigError(str(error)) from None
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
 

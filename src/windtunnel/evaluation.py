@@ -227,7 +227,7 @@ def score_relabeling(
     Args:
         predictor: what is scored.
         eval_set: the held-out sequences.
-        tunnel: has ``S``, ``relabel(episode, permutation)`` and ``prior_predictive(n_positions)``.
+        tunnel: declares :class:`~windtunnel.tunnels.capabilities.Relabeling`.
         seed: seed of the permutations (one per sequence) and of the bootstrap.
         bootstrap: resamples of sequences for the interval of ΔMAE (at least 1 is drawn).
         level: coverage of that interval (0.95: a 95% interval).
@@ -241,7 +241,7 @@ def score_relabeling(
     """
     generator = torch.Generator().manual_seed(seed + 7)
     relabeled = [
-        tunnel.relabel(e, torch.rand(e.batch_size, tunnel.S, generator=generator).argsort(dim=1)) for e in eval_set.episodes
+        tunnel.relabel(e, torch.rand(e.batch_size, tunnel.n_labels, generator=generator).argsort(dim=1)) for e in eval_set.episodes
     ]
     predicted = [predictor(e) for e in eval_set.episodes]
     predicted_relabeled = [predictor(e) for e in relabeled]

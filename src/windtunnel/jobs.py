@@ -51,7 +51,8 @@ class TrainJob:
     """One training run: ``config`` (a run config file) with ``overrides``, into ``run_dir``.
 
     ``expected_s`` is a guess of its wall time, used for the ETA until the run reports
-    its own speed.
+    its own speed. ``preset`` names the reproduction preset the run is a seed of (the
+    seeds of one preset are analyzed together); empty for a job outside a reproduction.
     """
 
     name: str
@@ -59,6 +60,7 @@ class TrainJob:
     run_dir: Path
     overrides: tuple[str, ...] = ()
     expected_s: float | None = field(default=None, compare=False)
+    preset: str = ""
 
     def resolved(self) -> RunConfig:
         """The run config this job trains (validated)."""

@@ -10,7 +10,9 @@ Three scales of the same plan (:data:`SCALES`):
 
 Layout of ``--out DIR``::
 
-    DIR/reproduce.json          the scale, and wall time spent so far
+    DIR/reproduce.json          the manifest: the scale (its cuts, what it expects), the stage
+                                reached, the wall time spent so far and the runs; the report
+                                reads it (``report.build.Manifest``)
     DIR/runs/<preset>_seed<s>/  one training run each (``windtunnel train``)
     DIR/runs/logs/              each run's output
     DIR/analysis/<group>/       ``<name>.json``, ``.png`` (and ``.md``) per analysis
@@ -37,7 +39,7 @@ from typing import Any
 from windtunnel.config import ConfigError
 from windtunnel.jobs import TrainJob, job_state, run_jobs
 from windtunnel.files import atomic_write_text, has_content
-from windtunnel.report.build import INIT_DIR
+from windtunnel.report.build import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError, build_report
 
 __all__ = ["SCALES", "AnalysisGroup", "Scale", "plan_analyses", "plan_runs", "reproduce"]
 
@@ -84,7 +86,8 @@ PRESETS = (
 )
 PRESET_NAMES = tuple(preset.name for preset in PRESETS)
 
-STATE_FILE = "reproduce.json"
+#: The reproduction's manifest, rewritten at every stage: it resumes from it, the report reads it.
+STATE_FILE = MANIFEST_FILE
 
 _TINY_TRANSFORMER = ("model.d_model=32", "model.d_mlp=64", "model.n_heads=2")
 # The CPU HMM presets have 6 layers; the tiny scale keeps 4 (its late-attention variant
@@ -258,6 +261,7 @@ def plan_runs(scale: Scale, out: Path) -> list[TrainJob]:
                     out / "runs" / f"{preset.name}_seed{seed}",
                     (*preset.overrides, *scale.overrides_for(preset.name), f"train.seed={seed}"),
                     expected_s=expected,
+                    preset=preset.name,
                 )
             )
     return sorted(jobs, key=lambda job: -(job.expected_s or 0.0))
@@ -305,11 +309,18 @@ def plan_analyses(jobs: Sequence[TrainJob]) -> list[tuple[AnalysisGroup, list[Pa
     the scale trains (see its cuts) are left out."""
     by_preset: dict[str, list[Path]] = {}
     for job in jobs:
-        by_preset.setdefault(job.name.rsplit("_seed", 1)[0], []).append(job.run_dir)
+        by_preset.setdefault(job.preset, []).append(job.run_dir)
     for dirs in by_preset.values():
         dirs.sort()
     planned = [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in GROUPS]
     return [(group, run_dirs) for group, run_dirs in planned if run_dirs]
+
+
+def _manifest_run(job: TrainJob, out: Path) -> ManifestRun:
+    """The manifest's entry of ``job``, a run of the plan in ``out`` (its config is resolved,
+    and so checked, on the way)."""
+    seed = job.resolved().train.seed
+    return ManifestRun(job.name, job.run_dir.relative_to(out).as_posix(), job.preset, seed)
 
 
 def _read_state(out: Path) -> dict[str, Any]:
@@ -348,14 +359,18 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     jobs = plan_runs(scale, out)
     groups = plan_analyses(jobs)
-    for job in jobs:
-        job.resolved()  # every config valid before anything starts
+    runs = tuple(_manifest_run(job, out) for job in jobs)  # every config valid before anything starts
+    command = f"windtunnel reproduce --scale {scale.name} --out {out}"
     spent = float(state.get("wall_s", 0.0))
     started = time.monotonic()
 
-    def checkpoint_state(stage: str) -> None:
-        record = {"scale": scale.name, "stage": stage, "wall_s": round(spent + time.monotonic() - started, 1)}
-        atomic_write_text(out / STATE_FILE, json.dumps(record))
+    def wall_s() -> float:
+        return round(spent + time.monotonic() - started, 1)
+
+    def checkpoint_state(stage: str, wall: float | None = None) -> None:
+        """Rewrite the manifest at ``stage``, with the wall time spent (``wall``, else until now)."""
+        manifest = Manifest(scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs)
+        atomic_write_text(out / STATE_FILE, manifest.to_json())
 
     checkpoint_state("train")
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
@@ -391,10 +406,13 @@ def reproduce(
         checkpoint_state("analyze")
 
     say("[reproduce] stage 3/3: report")
-    from windtunnel.report.build import build_report
-
-    checkpoint_state("report")
-    index = build_report(out, scale=scale, jobs=jobs, wall_s=spent + time.monotonic() - started)
-    checkpoint_state("done")
+    reported = wall_s()
+    checkpoint_state("report", reported)
+    try:
+        index = build_report(out)  # from the folder alone, as `windtunnel report` rebuilds it
+    except ReportError as error:  # a saved file damaged since it was written: one line, as for bad input
+        raise ConfigError(str(error)) from None
+    # "done" keeps the wall time the report states, so a report rebuilt from the folder states the same.
+    checkpoint_state("done", reported)
     say(f"[reproduce] done in {(time.monotonic() - started) / 60:.1f} min this session; report: {index}")
     return index

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from windtunnel.config import ConfigError, apply_overrides, check_field_types, from_mapping, to_mapping
-from windtunnel.models import MODELS, MLPConfig, TransformerConfig, model_class
+from windtunnel.models import MODELS, ModelConfig, model_class
 from windtunnel.tunnels import Tunnel, tunnel_class
 
 if sys.version_info >= (3, 11):
@@ -212,16 +212,14 @@ class EvalConfig:
         _check_seed("eval.seed", self.seed)
 
 
-ModelConfig = TransformerConfig | MLPConfig
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """Tunnel + model + training + evaluation, checked against each other.
 
     Attributes:
         tunnel: the tunnel object (its parameters are its fields).
-        model: the model family's config (``model_kind`` names the family).
+        model: the config of any registered model family (``model_kind`` names the
+            family; ``[model]`` is parsed through ``model_class(kind).config_class``).
     """
 
     tunnel: Tunnel
@@ -279,7 +277,11 @@ class RunConfig:
 
     @property
     def model_kind(self) -> str:
-        return next(kind for kind, cls in MODELS.items() if isinstance(self.model, cls.config_class))
+        """The registered family whose config ``model`` is."""
+        for kind, cls in MODELS.items():
+            if isinstance(self.model, cls.config_class):
+                return kind
+        raise ConfigError(f"model={type(self.model).__name__} is the config of no registered model family")
 
     @property
     def horizons(self) -> tuple[int, ...]:

@@ -28,6 +28,8 @@ from windtunnel.training.checkpoint import (
     load_snapshot,
     read_resume_step,
 )
+from windtunnel.tunnels import TUNNELS
+from windtunnel.tunnels.capabilities import Relabeling, declares
 
 __all__ = [
     "CONFIG_FILE",
@@ -161,8 +163,9 @@ def evaluate_run(
                 f"--horizons {h} is out of range: sequences of {tunnel.seq_len(h)} tokens exceed the model's position "
                 f"table ({model.max_len}); the longest horizon this run supports is set by its eval.horizons"
             )
-    if relabel and tunnel.name != "hmm":
-        raise ConfigError(f"--relabel applies to the hmm tunnel, not {tunnel.name!r}")
+    if relabel and not declares(tunnel, Relabeling):
+        able = [name for name, cls in TUNNELS.items() if declares(cls, Relabeling)]
+        raise ConfigError(f"--relabel applies to tunnels with hidden states to relabel ({', '.join(able)}), not {tunnel.name!r}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     predictor = model_predictor(model, device=device)

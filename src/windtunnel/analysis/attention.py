@@ -1,6 +1,7 @@
 """Where the queries attend, layer by layer (the paper's Fig 15: query-key sharpening).
 
-``qk_sharpening`` splits the keys each supervised query can see into kinds (for the
+``qk_sharpening`` splits the keys each supervised query can see into the kinds its tunnel
+declares (:class:`~windtunnel.tunnels.capabilities.AttentionCategories`; for the
 bijection: the evidence that fixes the exact posterior, the query's own input, other
 inputs and outputs; for the HMM: the header's T and E, and the observations), and
 reports per layer (mean over heads, and per head) the attention mass on each kind and
@@ -28,79 +29,13 @@ from torch import Tensor
 from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize
 from windtunnel.metrics import entropy_bits
 from windtunnel.models import SequenceModel, run_with_trace
-from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
+from windtunnel.tunnels import Episode, Tunnel
+from windtunnel.tunnels.capabilities import AttentionCategories, lacks
 
-__all__ = ["AUTHORS_QUERY_KEY_COSINE", "CATEGORY_MEANINGS", "attention_categories", "qk_sharpening"]
+__all__ = ["AUTHORS_QUERY_KEY_COSINE", "qk_sharpening"]
 
 
 # --- query-key sharpening (Fig 15) -----------------------------------------------------
-
-#: What each key category holds, by tunnel (the categories partition the keys a query sees).
-CATEGORY_MEANINGS = {
-    "bijection": {
-        "evidence": "the earlier positions that fix the exact posterior: when the query's input x_q is new, every "
-        "earlier output token (the eliminated outputs: the posterior is uniform over the rest); when x_q was "
-        "shown before, the output token of that earlier pair (the answer)",
-        "matching_input": "earlier positions holding the query's own input x_q (only when inputs repeat)",
-        "other_output": "earlier output tokens that are not evidence (only when x_q repeats)",
-        "other_input": "earlier input tokens other than x_q (they say nothing about pi(x_q))",
-        "self": "the query position itself (x_q)",
-    },
-    "hmm": {
-        "header_transition": "the S*S header tokens of T",
-        "header_emission": "the S*M header tokens of E",
-        "observations": "the earlier observation tokens o_1..o_{t-1}",
-        "self": "the query position itself (o_t)",
-    },
-}
-
-
-def attention_categories(tunnel: Tunnel, episode: Episode) -> dict[str, Tensor]:
-    """The kinds of key each supervised query sees (see :data:`CATEGORY_MEANINGS`).
-
-    Args:
-        tunnel: the episode's tunnel (bijection or hmm).
-        episode: ``tokens [B, T]``, ``positions [P]``.
-
-    Returns:
-        ``{category: [B, P, T] bool}``: for query ``positions[p]`` of sequence ``b``, which
-        keys ``t`` are of that kind. The categories partition the causal keys
-        ``t <= positions[p]``: every such key is in exactly one.
-    """
-    tokens = episode.tokens  # [B, T]
-    B, T = tokens.shape
-    queries = episode.positions  # [P]
-    t = torch.arange(T)
-    earlier = (t[None, :] < queries[:, None])[None]  # [1, P, T]
-    at_query = (t[None, :] == queries[:, None])[None].expand(B, -1, -1)  # [B, P, T]
-    if isinstance(tunnel, BijectionTunnel):
-        is_input = (tokens < tunnel.V)[:, None, :]  # [B, 1, T]; outputs are tokens V..2V-1
-        query_tokens = tokens[:, queries]  # [B, P]
-        matching_input = is_input & earlier & (tokens[:, None, :] == query_tokens[..., None])  # [B, P, T]
-        repeat = matching_input.any(-1, keepdim=True)  # [B, P, 1]
-        # The output of a pair sits right after its input (x y x y ...).
-        answer = torch.zeros_like(matching_input)
-        answer[..., 1:] = matching_input[..., :-1]
-        earlier_outputs = ~is_input & earlier  # [B, P, T]
-        evidence = torch.where(repeat, answer & earlier_outputs, earlier_outputs)
-        return {
-            "evidence": evidence,
-            "matching_input": matching_input,
-            "other_output": earlier_outputs & ~evidence,
-            "other_input": is_input & earlier & ~matching_input,
-            "self": at_query,
-        }
-    if isinstance(tunnel, HMMTunnel):
-        n_transition, header = tunnel.S * tunnel.S, tunnel.header_len
-        by_position = {
-            "header_transition": t < n_transition,
-            "header_emission": (t >= n_transition) & (t < header),
-            "observations": t >= header,
-        }
-        categories = {name: (mask[None, None, :] & earlier).expand(B, -1, -1) for name, mask in by_position.items()}
-        return {**categories, "self": at_query}
-    raise ValueError(f"qk sharpening knows the bijection and hmm tunnels, not {tunnel.name!r}")
-
 
 def _unit(vectors: Tensor) -> Tensor:
     """``[..., d]`` vectors scaled to unit length (a zero vector stays zero, so its cosines are 0)."""
@@ -122,7 +57,7 @@ def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: 
     n_total = 0
     names = [f"blocks.{layer}.attn.{what}" for layer in layers for what in ("pattern", "q", "k")]
     for episode in episodes:
-        categories = attention_categories(tunnel, episode)  # {name: [B, P, T]}
+        categories = tunnel.attention_categories(episode)  # {name: [B, P, T]}
         queries = episode.positions  # [P]
         valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
         n_keys = (queries + 1).double()[valid]  # [P']
@@ -197,7 +132,7 @@ def qk_sharpening(
     """Where each layer's queries at the supervised positions attend, and how sharply (Fig 15).
 
     For each attention layer and head: the attention mass a supervised query puts on each
-    category of key (:func:`attention_categories`; for the bijection, ``evidence`` is the
+    category of key (the tunnel's ``attention_categories``; for the bijection, ``evidence`` is the
     set of positions whose content fixes the exact posterior of ``pi(x_q)``), and the
     entropy of its attention distribution in bits. Both are averaged over sequences and
     over the supervised positions that see more than one key (the bijection's first
@@ -212,7 +147,8 @@ def qk_sharpening(
     Args:
         models: trained runs of one architecture.
         episodes: the sequences to read.
-        tunnel: their tunnel.
+        tunnel: their tunnel; it declares
+            :class:`~windtunnel.tunnels.capabilities.AttentionCategories`.
         initial_models: the same runs' initial (step-0) models, read by exactly the same
             code; None leaves every random-init field None.
 
@@ -236,6 +172,9 @@ def qk_sharpening(
     layers = sorted(models[0].attention_heads)
     if not layers:
         raise ValueError("qk sharpening needs a model with attention")
+    missing = lacks(tunnel, AttentionCategories)
+    if missing:
+        raise ValueError(f"qk sharpening needs the evidence of each query: {missing}")
     stats = [_attention_stats(model, episodes, tunnel) for model in models]
     initial = None if initial_models is None else [_attention_stats(m, episodes, tunnel) for m in initial_models]
     categories = list(stats[0]["uniform_mass"])
@@ -266,7 +205,7 @@ def qk_sharpening(
         "runs": len(models),
         "tunnel": tunnel.name,
         "categories": categories,
-        "category_meanings": CATEGORY_MEANINGS[tunnel.name],
+        "category_meanings": dict(tunnel.category_meanings),
         "uniform_mass": uniform,
         "uniform_entropy_bits": stats[0]["uniform_entropy_bits"],
         "layers": rows,
@@ -291,7 +230,11 @@ def qk_sharpening(
     }
 
 
-@register("qk_sharpening", needs_attention=True)
+def _needs_categories(runs: Sequence[Run]) -> str | None:
+    return lacks(runs[0].config.tunnel, AttentionCategories)
+
+
+@register("qk_sharpening", needs_attention=True, requires=_needs_categories)
 def qk_sharpening_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 15: attention mass on the evidence and attention entropy at the supervised positions, by layer."""
     return qk_sharpening(

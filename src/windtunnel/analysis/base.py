@@ -3,8 +3,9 @@
 An analysis is a function ``compute(runs) -> dict`` (JSON-able) registered under a name
 with :func:`register`. Its *scope* says which runs it accepts:
 
-- ``"seeds"``: runs of one configuration (same tunnel and model), e.g. three seeds whose
-  results are averaged; most analyses accept a single run.
+- ``"seeds"``: runs of one configuration (same tunnel, model family and variant: a
+  :class:`Configuration`), e.g. three seeds whose results are averaged; most analyses
+  accept a single run.
 - ``"comparison"``: runs of one tunnel with different models (transformer, MLP control,
   late-attention variant, seeds of each), compared side by side.
 
@@ -24,14 +25,67 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from windtunnel.config import to_mapping
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
+from windtunnel.models import Role, model_class
 from windtunnel.run_config import RunConfig
 from windtunnel.runs import build_run_model, load_run_model
 from windtunnel.tunnels import Episode
 
-__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Run", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "initial_models_of", "load_runs", "register", "scores_at", "summarize"]
+__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Configuration", "Run", "RunKey", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "initial_models_of", "load_runs", "register", "scores_at", "summarize"]
 
 Scope = Literal["seeds", "comparison"]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What the seeds of one model share: the tunnel, the model family and its variant.
+
+    Attributes:
+        tunnel: the tunnel and its parameters (``"hmm(S=5, M=5, ...)"``).
+        family: the registered model kind (``"transformer"``, ``"mlp"``).
+        variant: the family's words for how the model departs from its plain one
+            (:meth:`~windtunnel.models.SequenceModel.variant`; ``""`` for the plain model).
+    """
+
+    tunnel: str
+    family: str
+    variant: str
+
+    @property
+    def name(self) -> str:
+        """The model in words, for legends and result keys: ``"transformer"``,
+        ``"transformer (no attention in 4,5)"`` (the tunnel is the same across one analysis)."""
+        return f"{self.family} ({self.variant})" if self.variant else self.family
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """A run's identity among the runs of a study: its :class:`Configuration` and its seed."""
+
+    tunnel: str
+    family: str
+    variant: str
+    seed: int
+
+    @property
+    def configuration(self) -> Configuration:
+        """The key without the seed: equal for runs that differ only in their seed."""
+        return Configuration(self.tunnel, self.family, self.variant)
+
+    @property
+    def label(self) -> str:
+        """A short name for legends: the model, its variant and the seed (``"transformer seed 0"``)."""
+        return f"{self.configuration.name} seed {self.seed}"
+
+
+def _tunnel_id(config: RunConfig) -> str:
+    """The tunnel's name and parameters as one string (tunnels are frozen dataclasses of them)."""
+    tunnel = config.tunnel
+    return f"{tunnel.name}(" + ", ".join(f"{name}={value!r}" for name, value in to_mapping(tunnel).items()) + ")"
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,17 +98,26 @@ class Run:
     step: int
 
     @property
-    def label(self) -> str:
-        """A short name for legends: the model kind, its variant, and the seed."""
-        kind = self.config.model_kind
-        if getattr(self.config.model, "no_attention_layers", ()):
-            kind += " (no attention in " + ",".join(map(str, self.config.model.no_attention_layers)) + ")"
-        return f"{kind} seed {self.config.train.seed}"
+    def key(self) -> RunKey:
+        """The run's identity, from the typed fields of its config."""
+        config = self.config
+        family = model_class(config.model_kind)
+        return RunKey(_tunnel_id(config), family.kind, family.variant(config.model), config.train.seed)
 
     @property
-    def configuration(self) -> str:
+    def role(self) -> Role:
+        """The part the run's model family plays in a study: ``"subject"`` or ``"control"``."""
+        return model_class(self.config.model_kind).role
+
+    @property
+    def label(self) -> str:
+        """A short name for legends: the model kind, its variant, and the seed."""
+        return self.key.label
+
+    @property
+    def configuration(self) -> Configuration:
         """Runs with equal ``configuration`` differ only in their seed."""
-        return self.label.rsplit(" seed ", 1)[0]
+        return self.key.configuration
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -74,9 +137,9 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def by_configuration(runs: Sequence[Run]) -> dict[str, list[Run]]:
+def by_configuration(runs: Sequence[Run]) -> dict[Configuration, list[Run]]:
     """Runs grouped by :attr:`Run.configuration` (seeds together), in first-seen order."""
-    groups: dict[str, list[Run]] = {}
+    groups: dict[Configuration, list[Run]] = {}
     for run in runs:
         groups.setdefault(run.configuration, []).append(run)
     return groups

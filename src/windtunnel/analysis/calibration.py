@@ -21,7 +21,6 @@ The runs are evaluated on their own tunnel: analyze a run trained with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from windtunnel.analysis.base import Run, eval_set_for, register
 from windtunnel.evaluation import METRICS, EvalSet, Predictor, model_predictor, score
 from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels import Tunnel
+from windtunnel.tunnels.capabilities import ClosedFormEntropy, declares
 
 __all__ = ["closed_form_entropy_bits", "entropy_calibration", "select_traces"]
 
@@ -45,16 +45,12 @@ TRACE_SELECTION = (
 
 
 def closed_form_entropy_bits(tunnel: Tunnel, n_positions: int) -> list[float] | None:
-    """``[P]`` the exact entropy where it is the same for every sequence, else None.
-
-    That is the bijection tunnel without replacement: ``log2(V - k + 1)`` at the k-th
-    input (k = 1..L), and 0 at the final query (its answer was shown).
-    """
-    if tunnel.name != "bijection" or tunnel.with_replacement:
+    """``[P]`` the exact entropy where it is the same for every sequence and the tunnel knows
+    it in closed form (:class:`~windtunnel.tunnels.capabilities.ClosedFormEntropy`; the
+    bijection without replacement: ``log2(V - k + 1)``), else None."""
+    if not declares(tunnel, ClosedFormEntropy):
         return None
-    n_pairs = n_positions - int(tunnel.query)
-    curve = [math.log2(tunnel.V - k + 1) for k in range(1, n_pairs + 1)]
-    return curve + [0.0] * int(tunnel.query)
+    return tunnel.closed_form_entropy_bits(n_positions)
 
 
 def select_traces(h_bayes: Tensor, n: int) -> list[int]:

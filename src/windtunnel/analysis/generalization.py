@@ -24,6 +24,7 @@ import torch
 
 from windtunnel.analysis.base import Run, by_configuration, eval_set_for, register, scores_at, summarize
 from windtunnel.evaluation import METRICS, model_predictor, score_relabeling
+from windtunnel.tunnels.capabilities import Relabeling, lacks
 
 __all__ = ["length_generalization", "late_attention", "model_comparison", "relabeling", "seeds"]
 
@@ -51,12 +52,19 @@ def _horizon_summary(runs: Sequence[Run], horizon: int) -> dict[str, Any]:
     return summary
 
 
+def _attention_less_layers(run: Run) -> list[int]:
+    """The layers of the run's model built without attention, in order."""
+    return [layer for layer in range(run.model.n_layers) if layer not in run.model.attention_heads]
+
+
 def _is_full_transformer(run: Run) -> bool:
-    return run.config.model_kind == "transformer" and not run.config.model.no_attention_layers
+    """The plain model of the studied family (the full transformer), the reference of the comparisons."""
+    return run.role == "subject" and not run.key.variant
 
 
 def _is_late_attention_off(run: Run) -> bool:
-    return run.config.model_kind == "transformer" and bool(run.config.model.no_attention_layers)
+    """A variant of the studied family without attention in some layers (Fig 9's model)."""
+    return run.role == "subject" and bool(run.key.variant) and bool(_attention_less_layers(run))
 
 
 def _mean_over(curve: Sequence[float], start: int, stop: int) -> float | None:
@@ -130,7 +138,7 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
             }
         horizons[str(horizon)] = summary
     return {
-        "model": runs[0].configuration,
+        "model": runs[0].configuration.name,
         "n_runs": len(runs),
         "training_horizon": trained,
         "horizons": horizons,
@@ -138,9 +146,7 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def _has_relabel(runs: Sequence[Run]) -> str | None:
-    if not hasattr(runs[0].config.tunnel, "relabel"):
-        return f"relabeling permutes hidden states, which the {runs[0].config.tunnel.name} tunnel has not"
-    return None
+    return lacks(runs[0].config.tunnel, Relabeling)
 
 
 @register("relabeling", requires=_has_relabel)
@@ -169,7 +175,7 @@ def relabeling(runs: Sequence[Run]) -> dict[str, Any]:
     delta = summarize([r["delta_mae_bits"] for r in per_run])
     before = summarize([r["mae_bits_before"] for r in per_run])
     return {
-        "model": runs[0].configuration,
+        "model": runs[0].configuration.name,
         "n_runs": len(runs),
         "per_run": per_run,
         "mae_bits_before": before,
@@ -196,7 +202,7 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
         each configuration other than the full transformer, its ``mae_bits`` and
         ``kl_bits`` divided by the transformer's, per horizon; ``markdown``: Table 1.
     """
-    groups = by_configuration(runs)
+    groups = {configuration.name: group for configuration, group in by_configuration(runs).items()}
     horizons = runs[0].config.horizons
     models = {
         name: {"n_runs": len(group), "horizons": {str(h): _horizon_summary(group, h) for h in horizons}}
@@ -275,9 +281,9 @@ def late_attention(runs: Sequence[Run]) -> dict[str, Any]:
             "kl_factor": factors["kl_bits"],
         }
     return {
-        "full": full[0].configuration,
-        "variant": variant[0].configuration,
-        "no_attention_layers": list(variant[0].config.model.no_attention_layers),
+        "full": full[0].configuration.name,
+        "variant": variant[0].configuration.name,
+        "no_attention_layers": _attention_less_layers(variant[0]),
         "training_horizon": runs[0].config.tunnel.horizon,
         "horizons": horizons,
     }
@@ -312,7 +318,7 @@ def seeds(runs: Sequence[Run]) -> dict[str, Any]:
         ``gap_over_spread`` (how many seed spreads fit in that gap).
     """
     group = _seeded_group(runs)
-    mlp = [r for r in runs if r.config.model_kind == "mlp"]
+    mlp = [r for r in runs if r.role == "control"]  # the baseline the seeds' spread is set against
     horizons = {}
     for h in group[0].config.horizons:
         scores = [scores_at(run, h) for run in group]
@@ -344,7 +350,7 @@ def seeds(runs: Sequence[Run]) -> dict[str, Any]:
             entry["gap_over_spread"] = gap / entry["spread_bits"] if entry["spread_bits"] > 0 else None
         horizons[str(h)] = entry
     return {
-        "model": group[0].configuration,
+        "model": group[0].configuration.name,
         "seeds": [run.config.train.seed for run in group],
         "training_horizon": group[0].config.tunnel.horizon,
         "horizons": horizons,

@@ -42,37 +42,21 @@ from windtunnel.analysis.base import (
     summarize,
 )
 from windtunnel.models import SequenceModel, run_with_trace
-from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
+from windtunnel.tunnels import Episode, Tunnel
+from windtunnel.tunnels.capabilities import HypothesisTokens, SymbolTokens, declares, lacks
 
 __all__ = [
     "KEY_MEASURES",
     "cosine_matrix",
     "embedding_keys",
     "expected_abs_cosine",
-    "hypothesis_token_values",
     "key_orthogonality",
-    "key_token_values",
     "mean_abs_offdiagonal",
     "mean_signed_offdiagonal",
     "normalized_embedding_keys",
     "token_keys",
     "welch_rms_bound",
 ]
-
-
-def key_token_values(tunnel: Tunnel) -> tuple[list[int], list[str]]:
-    """The token ids whose keys are compared, and a label for each.
-
-    Bijection: the input tokens ``x = 0..V-1`` (outputs are tokens ``V + y`` and are not
-    compared). HMM: the observation symbols ``o = 0..M-1`` (tokens ``N + 1 + o``; header
-    tokens are grid counts and are not compared).
-    """
-    if isinstance(tunnel, BijectionTunnel):
-        return list(range(tunnel.V)), [f"x={x}" for x in range(tunnel.V)]
-    if isinstance(tunnel, HMMTunnel):
-        first = tunnel.levels + 1
-        return list(range(first, first + tunnel.M)), [f"o={o}" for o in range(tunnel.M)]
-    raise ValueError(f"key orthogonality knows the bijection and hmm tunnels, not {tunnel.name!r}")
 
 
 @torch.no_grad()
@@ -148,22 +132,6 @@ def welch_rms_bound(n_vectors: int, d: int) -> float:
     return math.sqrt(max(X - d, 0) / (d * (X - 1))) if X > 1 else 0.0
 
 
-def hypothesis_token_values(tunnel: Tunnel) -> tuple[list[int] | None, str | None]:
-    """The tokens that name the hypotheses, for the authors' later key measure, or why there are none.
-
-    Bijection: the output tokens ``V..2V-1`` (a hypothesis fixes which output each input
-    maps to). HMM: none (the reason is returned instead).
-    """
-    if isinstance(tunnel, BijectionTunnel):
-        return list(range(tunnel.V, 2 * tunnel.V)), None
-    if isinstance(tunnel, HMMTunnel):
-        return None, (
-            "the HMM has no hypothesis tokens: its hidden states are never shown (the header holds counts of T "
-            "and E, the sequence the observation symbols)"
-        )
-    raise ValueError(f"key orthogonality knows the bijection and hmm tunnels, not {tunnel.name!r}")
-
-
 @torch.no_grad()
 def embedding_keys(model: SequenceModel) -> dict[int, Tensor]:
     """``{layer: [H, vocab_size, d_head] float64}``: ``tok_emb @ W_K[l, h]`` for every token id
@@ -225,7 +193,7 @@ def _key_measures(
     """One model's ``{measure: {layer: [H]}}`` (see :data:`KEY_MEASURES`; the output-token
     measure only where the tunnel has hypothesis tokens), and its in-context input-token
     keys ``{layer: [H, X, d_head]}``."""
-    keys = token_keys(model, episodes, key_token_values(tunnel)[0])  # {layer: [H, X, d_head]}
+    keys = token_keys(model, episodes, tunnel.symbol_tokens()[0])  # {layer: [H, X, d_head]}
     measures = {
         "in_context_input_keys": {layer: mean_abs_offdiagonal(cosine_matrix(k)) for layer, k in keys.items()},
         "in_context_input_keys_centered": {
@@ -235,8 +203,8 @@ def _key_measures(
             layer: mean_signed_offdiagonal(cosine_matrix(k)) for layer, k in embedding_keys(model).items()
         },
     }
-    hypotheses, _ = hypothesis_token_values(tunnel)
-    if hypotheses is not None:
+    if declares(tunnel, HypothesisTokens):
+        hypotheses = tunnel.hypothesis_tokens()
         measures["normalized_output_keys_abs"] = {
             layer: mean_abs_offdiagonal(cosine_matrix(k))
             for layer, k in normalized_embedding_keys(model, hypotheses).items()
@@ -348,7 +316,10 @@ def key_orthogonality(
     Args:
         models: trained runs of one architecture.
         episodes: the sequences the in-context keys are read from.
-        tunnel: their tunnel.
+        tunnel: their tunnel; it declares
+            :class:`~windtunnel.tunnels.capabilities.SymbolTokens` (the tokens compared),
+            and :class:`~windtunnel.tunnels.capabilities.HypothesisTokens` where the
+            output-token measure applies.
         initial_models: the same runs' initial (step-0) models, read by exactly the same
             code; None leaves every random-init field None.
 
@@ -374,7 +345,10 @@ def key_orthogonality(
     check_same_architecture(models, "the geometric analyses")
     if initial_models is not None:
         check_same_architecture([*models, *initial_models], "the geometric analyses (trained and initial models)")
-    token_values, labels = key_token_values(tunnel)
+    missing = lacks(tunnel, SymbolTokens)
+    if missing:
+        raise ValueError(f"key orthogonality compares the keys of the tunnel's symbols: {missing}")
+    token_values, labels = tunnel.symbol_tokens()
     n_layers = models[0].n_layers
     layers = sorted(models[0].attention_heads)
     if not layers:
@@ -382,7 +356,8 @@ def key_orthogonality(
     trained = [_key_measures(model, episodes, tunnel) for model in models]
     initial = None if initial_models is None else [_key_measures(m, episodes, tunnel) for m in initial_models]
     summary = _key_summary(trained, layers, n_layers)
-    hypotheses, no_hypotheses = hypothesis_token_values(tunnel)
+    no_hypotheses = lacks(tunnel, HypothesisTokens)
+    hypotheses = None if no_hypotheses else tunnel.hypothesis_tokens()
     measure_tokens = {
         "in_context_input_keys": token_values,
         "in_context_input_keys_centered": token_values,
@@ -413,7 +388,11 @@ def key_orthogonality(
     }
 
 
-@register("key_orthogonality", needs_attention=True)
+def _needs_symbols(runs: Sequence[Run]) -> str | None:
+    return lacks(runs[0].config.tunnel, SymbolTokens)
+
+
+@register("key_orthogonality", needs_attention=True, requires=_needs_symbols)
 def key_orthogonality_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 14: cosines between the keys of the input token values, per head; the layer-0 frame head."""
     return key_orthogonality(

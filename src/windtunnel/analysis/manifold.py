@@ -28,9 +28,10 @@ from torch import Tensor
 from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize
 from windtunnel.analysis.stats import pca, pearson, spearman
 from windtunnel.models import SequenceModel, run_with_trace
-from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel, Tunnel
+from windtunnel.tunnels import Episode, Tunnel
+from windtunnel.tunnels.capabilities import ValuePositions, lacks
 
-__all__ = ["MANIFOLD_MEASURES", "value_manifold", "value_positions"]
+__all__ = ["MANIFOLD_MEASURES", "value_manifold"]
 
 
 #: Points kept (run 0) for the value-manifold scatter plot.
@@ -98,26 +99,21 @@ def _measure_activation(model: SequenceModel, name: str) -> str:
     return f"blocks.{model.n_layers - 1}.resid_post" if read == "resid_post" else read
 
 
-def value_positions(episode: Episode) -> tuple[Tensor, Tensor]:
-    """``[P']`` positions ``p + 1`` after the supervised positions ``p`` whose ``p + 1`` is in
-    the sequence, and ``[P']`` the indices of those ``p`` in ``episode.positions``."""
-    kept = (episode.positions + 1 < episode.tokens.shape[1]).nonzero().flatten()  # [P']
-    return episode.positions[kept] + 1, kept
-
-
 @torch.no_grad()
 def _read_points(
-    model: SequenceModel, episodes: Sequence[Episode], reads: Sequence[tuple[str, str]]
+    model: SequenceModel, episodes: Sequence[Episode], reads: Sequence[tuple[str, str]], tunnel: Tunnel | None
 ) -> dict[tuple[str, str], Tensor]:
     """``{(activation, where): [N, width]}`` for ``where`` in :data:`POSITIONS` (heads
-    concatenated), ``N = sequences * positions`` in episode, sequence, position order."""
+    concatenated), ``N = sequences * positions`` in episode, sequence, position order;
+    ``"value"`` reads need a tunnel that declares
+    :class:`~windtunnel.tunnels.capabilities.ValuePositions`."""
     points: dict[tuple[str, str], list[Tensor]] = {read: [] for read in reads}
     names = sorted({name for name, _ in reads})
     for episode in episodes:
         _, trace = run_with_trace(model, episode.tokens, names)
-        at = {"supervised": episode.positions, "value": value_positions(episode)[0]}  # [P], [P']
         for name, where in reads:
-            x = trace[name][..., at[where], :]  # [B, T, d] -> [B, P, d]  or  [B, H, P, d_head]
+            at = episode.positions if where == "supervised" else tunnel.value_positions(episode)[0]  # [P] or [P']
+            x = trace[name][..., at, :]  # [B, T, d] -> [B, P, d]  or  [B, H, P, d_head]
             if x.dim() == 4:
                 x = x.permute(0, 2, 1, 3).flatten(2)  # [B, P, H * d_head]
             points[(name, where)].append(x.flatten(0, 1).double())  # [B * P, width]
@@ -167,8 +163,9 @@ def value_manifold(
     Args:
         models: runs of one architecture (transformer or MLP control).
         episodes: the sequences to read.
-        tunnel: their tunnel; the value-position measure needs the bijection (None, or
-            another tunnel, skips it).
+        tunnel: their tunnel; the value-position measure needs one that declares
+            :class:`~windtunnel.tunnels.capabilities.ValuePositions` (None, or another
+            tunnel, skips it).
         initial_models: the same runs' initial (step-0) models, read by exactly the same
             code; None leaves every ``random_init`` None.
         n_scatter: points kept (run 0, random subset) for the scatter plot.
@@ -186,20 +183,16 @@ def value_manifold(
     check_same_architecture(models, "the geometric analyses")
     if initial_models is not None:
         check_same_architecture([*models, *initial_models], "the geometric analyses (trained and initial models)")
-    entropy = {
-        "supervised": torch.cat([e.entropy_bits.flatten() for e in episodes]),  # [N]
-        "value": torch.cat([e.entropy_bits[:, value_positions(e)[1]].flatten() for e in episodes]),  # [N']
-    }
+    skipped = {}
+    no_values = "needs a tunnel (pass tunnel=) to know where the value tokens are" if tunnel is None else lacks(tunnel, ValuePositions)
+    if no_values:
+        skipped["ln_final_value_positions_max_pearson"] = no_values
+    entropy = {"supervised": torch.cat([e.entropy_bits.flatten() for e in episodes])}  # [N]
+    if not no_values:
+        entropy["value"] = torch.cat([e.entropy_bits[:, tunnel.value_positions(e)[1]].flatten() for e in episodes])  # [N']
     N = len(entropy["supervised"])
     keep = torch.randperm(N, generator=torch.Generator().manual_seed(seed))[:n_scatter]
     spaces = _manifold_spaces(models[0])
-    skipped = {}
-    if not isinstance(tunnel, BijectionTunnel):
-        skipped["ln_final_value_positions_max_pearson"] = (
-            "no value tokens: the HMM's positions after an observation hold the next observation, not a value"
-            if isinstance(tunnel, HMMTunnel)
-            else "needs the bijection tunnel (pass tunnel=) to know where the value tokens are"
-        )
     measure_names = [name for name in MANIFOLD_MEASURES if name not in skipped]
     measure_reads = {
         name: (_measure_activation(models[0], name), MANIFOLD_MEASURES[name]["positions"]) for name in measure_names
@@ -215,7 +208,7 @@ def value_manifold(
     per_run: list[dict[str, dict[str, Any]]] = []
     trained_measures = []
     for model in models:
-        points = _read_points(model, episodes, reads)
+        points = _read_points(model, episodes, reads, tunnel)
         trained_measures.append(measures_of(points))
         results = {}
         for space, name in spaces.items():
@@ -230,7 +223,7 @@ def value_manifold(
             }
         per_run.append(results)
     initial_measures = (
-        None if initial_models is None else [measures_of(_read_points(m, episodes, reads)) for m in initial_models]
+        None if initial_models is None else [measures_of(_read_points(m, episodes, reads, tunnel)) for m in initial_models]
     )
     first = per_run[0]
     out_spaces = {}

@@ -2,7 +2,13 @@
 
 ``SequenceModel`` is the common interface: ``forward(tokens, *, trace=None) -> logits``,
 the trace protocol (``activation_names``, ``n_layers``, ``attention_heads``), stacked
-weight accessors, and seeded initialization. A family only builds its blocks.
+weight accessors, and seeded initialization. A family builds its blocks and declares
+what it is on its class: its registry name (``kind``), parameter class
+(``config_class``), ``role`` in a study, trace names (``activation_names_for``), the
+``variant`` a config describes, and its own lines of ``windtunnel info``
+(``sizing_info``). It is then registered by name with
+:func:`windtunnel.models.build.register_model`; nothing outside ``models/`` tests a
+family by name.
 
 Parameters are named so that a checkpoint's keys say where they live::
 
@@ -18,7 +24,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +33,15 @@ from windtunnel.config import ConfigError
 from windtunnel.models.config import INIT_STD
 from windtunnel.models.trace import NULL_TRACE, Trace
 
-__all__ = ["SequenceModel"]
+__all__ = ["ROLES", "Role", "SequenceModel"]
+
+#: What a family is in a study: a ``"subject"`` is a model whose Bayesian geometry is
+#: studied (the transformer); a ``"control"`` is a baseline the subjects are compared
+#: against (the attention-free MLP).
+Role = Literal["subject", "control"]
+
+#: Every :data:`Role`, in that order.
+ROLES: tuple[str, ...] = ("subject", "control")
 
 
 class SequenceModel(nn.Module, abc.ABC):
@@ -43,6 +57,17 @@ class SequenceModel(nn.Module, abc.ABC):
 
     #: Registry name of the family ("transformer", "mlp").
     kind: ClassVar[str]
+
+    #: The family's parameter class: a frozen dataclass of typed fields with a ``max_len``
+    #: field (see :class:`~windtunnel.models.config.ModelConfig`).
+    config_class: ClassVar[type]
+
+    #: The family's part in a study (see :data:`Role`).
+    role: ClassVar[Role]
+
+    #: The family's config with every size resolved: rebuilding from it (plus
+    #: ``vocab_size`` and ``num_classes``) gives the same architecture. Set by the family.
+    config: Any
 
     #: Standard deviation of the initial weights; a family may set its own before
     #: :meth:`reset_parameters` (the transformer's config does).
@@ -73,13 +98,50 @@ class SequenceModel(nn.Module, abc.ABC):
         return len(self.blocks)
 
     @property
-    @abc.abstractmethod
     def activation_names(self) -> list[str]:
-        """Every name a trace can record, in forward order (see :mod:`windtunnel.models.names`)."""
+        """Every name a trace can record, in forward order: :meth:`activation_names_for` of ``config``."""
+        return self.activation_names_for(self.config)
 
     @property
     def attention_heads(self) -> dict[int, int]:
         """``{layer: n_heads}`` for the layers that have attention (none by default)."""
+        return {}
+
+    # --- what a family declares about itself -----------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def activation_names_for(cls, config: Any) -> list[str]:
+        """Every name a trace can record in the model ``config`` describes, in forward order.
+
+        ``config`` has its sizes resolved (a built model's ``config``); the names are
+        those of :mod:`windtunnel.models.names`.
+        """
+
+    @classmethod
+    def variant(cls, config: Any) -> str:
+        """How ``config`` departs from the family's plain model, in a few words ("" for none).
+
+        Part of a run's identity: runs of one family and tunnel that differ only in their
+        seed share a variant, and a variant is compared with the plain model as a model of
+        its own (``windtunnel.analysis.base.RunKey``). By default no config is a variant.
+        """
+        return ""
+
+    @classmethod
+    def sizing_info(
+        cls, config: Any, *, vocab_size: int, num_classes: int, max_len: int | None
+    ) -> dict[str, Any]:
+        """The family's own lines of ``windtunnel info`` (JSON-able), after the parameter counts.
+
+        Args:
+            config: the family's config as the run gives it (sizes may be unresolved).
+            vocab_size, num_classes, max_len: what the model is built with.
+
+        Returns:
+            Nothing by default; the MLP control reports the sizes it chose and how close
+            they come to the transformer it matches.
+        """
         return {}
 
     # --- forward -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from windtunnel.models.trace import NULL_TRACE, Trace
 
-__all__ = ["Attention", "FeedForward", "MLPBlock", "TransformerBlock"]
+__all__ = ["Attention", "FeedForward", "MLPBlock", "MixerBlock", "TransformerBlock"]
 
 
 class Attention(nn.Module):
@@ -183,4 +183,40 @@ class MLPBlock(nn.Module):
         if trace.skips(layer):
             return trace.record(f"{p}.resid_post", x)
         x = x + trace.record(f"{p}.mlp_out", self.mlp(x, trace, layer))
+        return trace.record(f"{p}.resid_post", x)
+
+
+class MixerBlock(nn.Module):
+    """Pre-norm residual block around a causal sequence mixer: ``x += mixer(LN(x))``.
+
+    The recurrent controls' block (an LSTM, a Mamba selective-SSM block): the same residual
+    stream, trace names and layer skips as the transformer's blocks, so layer ablation,
+    probes and the value manifold read them alike.
+
+    Args:
+        d_model: residual width.
+        mixer: ``[B, T, d_model] -> [B, T, d_model]``; position ``t``'s output may depend on
+            positions ``<= t`` only.
+    """
+
+    mixes_positions = True
+
+    def __init__(self, d_model: int, mixer: nn.Module) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.mixer = mixer
+
+    def forward_at(self, x: Tensor, at: Tensor) -> Tensor:
+        """``[B, T, d_model]`` -> ``[B, P, d_model]`` at the positions ``at``: a recurrence needs
+        every earlier step, so the whole block runs and the rest is dropped after it."""
+        return self(x, NULL_TRACE, 0)[:, at]
+
+    def forward(self, x: Tensor, trace: Trace, layer: int) -> Tensor:
+        """``[B, T, d_model]`` -> ``[B, T, d_model]`` residual stream."""
+        p = f"blocks.{layer}"
+        x = trace.record(f"{p}.resid_pre", x)
+        if trace.skips(layer):
+            return trace.record(f"{p}.resid_post", x)
+        h = trace.record(f"{p}.mixer_in", self.ln(x))  # [B, T, d_model]
+        x = x + trace.record(f"{p}.mixer_out", self.mixer(h))  # [B, T, d_model]
         return trace.record(f"{p}.resid_post", x)

@@ -1,4 +1,4 @@
-"""Parameter objects of the two model families: frozen, type-checked dataclasses.
+"""Parameter objects of the two built-in model families: frozen, type-checked dataclasses.
 
 A model config holds only the model's own shape. What it learns from the tunnel
 (``vocab_size``, ``num_classes``, and ``max_len`` when the config leaves it ``None``) is
@@ -13,13 +13,27 @@ passed to the builder separately, so one config file serves every tunnel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from windtunnel.config import ConfigError, check_field_types
 
-__all__ = ["INIT_STD", "MLPConfig", "TransformerConfig", "resolve_max_len"]
+__all__ = ["INIT_STD", "MLPConfig", "ModelConfig", "TransformerConfig", "check_control_config", "resolve_max_len"]
 
 #: Standard deviation of the initial weights (GPT-2's choice).
 INIT_STD = 0.02
+
+
+class ModelConfig(Protocol):
+    """What the rest of the package needs of any family's config.
+
+    A family's ``config_class`` is a frozen dataclass of typed fields (so run configs
+    check, override and serialize it field by field) with a ``max_len`` field: the
+    position table, ``None`` to take the run's longest sequence.
+    """
+
+    @property
+    def max_len(self) -> int | None:
+        """Size of the position table (``None``: filled in by the run)."""
 
 
 def _check_positive(name: str, value: int | None) -> None:
@@ -106,19 +120,31 @@ class MLPConfig:
     matched_to: TransformerConfig | None = None
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        for name in ("d_model", "n_blocks", "d_hidden", "max_len"):
-            _check_positive(name, getattr(self, name))
-        if (self.n_blocks is None or self.d_hidden is None) and self.matched_to is None:
-            raise ConfigError(
-                f"matched_to=None leaves n_blocks={self.n_blocks}, d_hidden={self.d_hidden} undetermined: "
-                "give both sizes or a transformer to match"
-            )
-        if self.matched_to is not None and self.matched_to.d_model != self.d_model:
-            raise ConfigError(
-                f"d_model={self.d_model} differs from matched_to.d_model={self.matched_to.d_model}: "
-                "the control uses the transformer's embedding width"
-            )
+        check_control_config(self, ("n_blocks", "d_hidden"))
+
+
+def check_control_config(config: Any, sizes: tuple[str, str], others: tuple[str, ...] = ()) -> None:
+    """The checks every capacity-matched control's config makes: field types; ``d_model``,
+    ``max_len``, the two ``sizes`` and ``others`` positive where set; both sizes given unless
+    a transformer to match is (``matched_to``); and that transformer's embedding width.
+
+    Raises:
+        ConfigError: one line naming the field, its value and what is allowed.
+    """
+    check_field_types(config)
+    for name in ("d_model", *sizes, *others, "max_len"):
+        _check_positive(name, getattr(config, name))
+    depth, width = (getattr(config, name) for name in sizes)
+    if (depth is None or width is None) and config.matched_to is None:
+        raise ConfigError(
+            f"matched_to=None leaves {sizes[0]}={depth}, {sizes[1]}={width} undetermined: "
+            "give both sizes or a transformer to match"
+        )
+    if config.matched_to is not None and config.matched_to.d_model != config.d_model:
+        raise ConfigError(
+            f"d_model={config.d_model} differs from matched_to.d_model={config.matched_to.d_model}: "
+            "the control uses the transformer's embedding width"
+        )
 
 
 def resolve_max_len(config_max_len: int | None, max_len: int | None) -> int:

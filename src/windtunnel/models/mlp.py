@@ -14,11 +14,11 @@ best it can learn is a position-dependent marginal: the paper's flat-entropy fai
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from windtunnel.models.base import SequenceModel
+from windtunnel.models.base import Role, SequenceModel
 from windtunnel.models.components import MLPBlock
 from windtunnel.models.config import MLPConfig, resolve_max_len
 from windtunnel.models.names import mlp_control_names
@@ -46,6 +46,7 @@ class MLPControl(SequenceModel):
 
     kind: ClassVar[str] = "mlp"
     config_class: ClassVar[type] = MLPConfig
+    role: ClassVar[Role] = "control"  # the attention-free baseline the transformer is compared against
 
     def __init__(
         self,
@@ -58,15 +59,39 @@ class MLPControl(SequenceModel):
     ) -> None:
         max_len = resolve_max_len(config.max_len, max_len)
         shape = dict(vocab_size=vocab_size, num_classes=num_classes, max_len=max_len)
-        sizing: MLPSizing | None = match_transformer(config, **shape)
-        n_blocks = config.n_blocks if sizing is None else sizing.n_blocks
-        d_hidden = config.d_hidden if sizing is None else sizing.d_hidden
+        sizing = match_transformer(config, **shape)
+        n_blocks, d_hidden = _sizes(config, sizing)
         blocks = [MLPBlock(config.d_model, d_hidden) for _ in range(n_blocks)]
         super().__init__(blocks, d_model=config.d_model, **shape)
         self.config = dataclasses.replace(config, n_blocks=n_blocks, d_hidden=d_hidden, max_len=max_len)
         self.sizing = sizing
         self.reset_parameters(generator)
 
-    @property
-    def activation_names(self) -> list[str]:
-        return mlp_control_names(self.n_layers)
+    @classmethod
+    def activation_names_for(cls, config: MLPConfig) -> list[str]:
+        if config.n_blocks is None:
+            raise ValueError("the MLP control's names need its resolved config (n_blocks=None): pass a built model's config")
+        return mlp_control_names(config.n_blocks)
+
+    @classmethod
+    def sizing_info(
+        cls, config: MLPConfig, *, vocab_size: int, num_classes: int, max_len: int | None
+    ) -> dict[str, Any]:
+        """``n_blocks`` and ``d_hidden`` as built, and with ``matched_to`` the transformer's
+        parameter count (``target_params``) and the signed relative ``mismatch``."""
+        shape = dict(vocab_size=vocab_size, num_classes=num_classes, max_len=resolve_max_len(config.max_len, max_len))
+        sizing = match_transformer(config, **shape)  # sized exactly as the constructor sizes it
+        n_blocks, d_hidden = _sizes(config, sizing)
+        info: dict[str, Any] = {"n_blocks": n_blocks, "d_hidden": d_hidden}
+        if sizing is not None:
+            info["target_params"] = sizing.target_params
+            info["mismatch"] = round(sizing.mismatch, 6)
+        return info
+
+
+def _sizes(config: MLPConfig, sizing: MLPSizing | None) -> tuple[int, int]:
+    """``(n_blocks, d_hidden)``: the config's own, or the sizing's where it matched them."""
+    if sizing is None:
+        assert config.n_blocks is not None and config.d_hidden is not None  # MLPConfig refuses otherwise
+        return config.n_blocks, config.d_hidden
+    return sizing.n_blocks, sizing.d_hidden

@@ -22,6 +22,8 @@ name                            shape                           what
 ``blocks.{l}.mlp.pre``          ``[B, T, d_mlp]``               MLP hidden layer before GELU
 ``blocks.{l}.mlp.post``         ``[B, T, d_mlp]``               MLP hidden layer after GELU
 ``blocks.{l}.mlp_out``          ``[B, T, d_model]``             MLP output
+``blocks.{l}.mixer_in``         ``[B, T, d_model]``             LayerNorm output read by a recurrent mixer
+``blocks.{l}.mixer_out``        ``[B, T, d_model]``             the mixer's output (LSTM, Mamba block)
 ``blocks.{l}.resid_post``       ``[B, T, d_model]``             residual stream leaving block l
 ``ln_final``                    ``[B, T, d_model]``             final LayerNorm output
 ``logits``                      ``[B, T, C]``                   output logits
@@ -29,14 +31,15 @@ name                            shape                           what
 
 Transformer layers without attention keep ``resid_mid`` (equal to ``resid_pre``) so
 that every layer has the same residual names; they have no ``attn*`` names. The MLP
-control's blocks have ``resid_pre``, ``mlp_in``, ``mlp.*``, ``mlp_out`` and ``resid_post``.
+control's blocks have ``resid_pre``, ``mlp_in``, ``mlp.*``, ``mlp_out`` and ``resid_post``; the
+recurrent controls' (LSTM, Mamba) ``resid_pre``, ``mixer_in``, ``mixer_out`` and ``resid_post``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ATTENTION_NAMES", "MLP_NAMES", "mlp_control_names", "transformer_names"]
+__all__ = ["ATTENTION_NAMES", "MLP_NAMES", "mixer_control_names", "mlp_control_names", "transformer_names"]
 
 #: Per-layer names of an attention sublayer, in forward order.
 ATTENTION_NAMES: tuple[str, ...] = (
@@ -73,4 +76,12 @@ def mlp_control_names(n_blocks: int) -> list[str]:
     names = ["embed", "pos_embed"]
     for layer in range(n_blocks):
         names += [f"blocks.{layer}.{name}" for name in ("resid_pre", *MLP_NAMES, "resid_post")]
+    return [*names, "ln_final", "logits"]
+
+
+def mixer_control_names(n_layers: int) -> list[str]:
+    """Every name a recurrent control (LSTM, Mamba) with ``n_layers`` mixer blocks records."""
+    names = ["embed", "pos_embed"]
+    for layer in range(n_layers):
+        names += [f"blocks.{layer}.{name}" for name in ("resid_pre", "mixer_in", "mixer_out", "resid_post")]
     return [*names, "ln_final", "logits"]

@@ -13,7 +13,7 @@ from torch import nn
 __all__ = ["PARTS", "count_params", "params_by_part", "unwrap_model"]
 
 #: The parts :func:`params_by_part` reports, in order.
-PARTS: tuple[str, ...] = ("embed", "pos_embed", "blocks/attention", "blocks/mlp", "norms", "head")
+PARTS: tuple[str, ...] = ("embed", "pos_embed", "blocks/attention", "blocks/mlp", "blocks/mixer", "norms", "head")
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -47,13 +47,15 @@ def _part(name: str) -> str:
         return "blocks/attention"
     if name.startswith("blocks.") and ".mlp." in name:
         return "blocks/mlp"
+    if name.startswith("blocks.") and ".mixer." in name:
+        return "blocks/mixer"  # a recurrent control's sequence mixer (LSTM, Mamba block)
     raise ValueError(f"parameter {name!r} belongs to no known part of a windtunnel model")
 
 
 def params_by_part(model: nn.Module) -> dict[str, int]:
     """Parameter counts by part, in the order of :data:`PARTS` (parts a model lacks count 0).
 
-    ``blocks/attention`` and ``blocks/mlp`` exclude their LayerNorms, which are counted
+    ``blocks/attention``, ``blocks/mlp`` and ``blocks/mixer`` exclude their LayerNorms, which are counted
     under ``norms``; the values sum to :func:`count_params`.
     """
     counts = dict.fromkeys(PARTS, 0)

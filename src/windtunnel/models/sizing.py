@@ -13,7 +13,7 @@ the 2.68M the paper states (SPEC §4), so for it we keep 18-20 blocks and widen 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,9 @@ from windtunnel.models.config import MLPConfig, TransformerConfig
 from windtunnel.models.params import count_params
 from windtunnel.models.transformer import Transformer
 
-__all__ = ["MLPSizing", "match_transformer", "mlp_param_count", "size_mlp", "transformer_param_count"]
+__all__ = [
+    "MLPSizing", "ShapeSizing", "match_transformer", "mlp_param_count", "size_by_count", "size_mlp", "transformer_param_count",
+]
 
 #: Block counts tried when the depth is free (the paper's range).
 PAPER_DEPTHS: tuple[int, ...] = (18, 19, 20)
@@ -149,4 +151,77 @@ def match_transformer(config: MLPConfig, *, vocab_size: int, num_classes: int, m
         max_len=max_len,
         n_blocks=config.n_blocks,
         d_hidden=config.d_hidden,
+    )
+
+
+@dataclass(frozen=True)
+class ShapeSizing:
+    """A chosen ``(depth, width)`` of a control family and how close it comes to its target.
+
+    Attributes:
+        depth: layers.
+        width: the family's free width (an LSTM's hidden size, a Mamba block's inner width).
+        params: parameter count with this shape.
+        target_params: parameter count it was matched to.
+        mismatch: ``(params - target_params) / target_params`` (signed).
+    """
+
+    depth: int
+    width: int
+    params: int
+    target_params: int
+    mismatch: float
+
+
+def size_by_count(
+    count: Callable[[int, int], int],
+    target_params: int,
+    *,
+    depths: Sequence[int],
+    width: int | None = None,
+    max_width: int = 1 << 16,
+    tolerance: float = 0.01,
+) -> ShapeSizing:
+    """The ``(depth, width)`` whose parameter count is closest to ``target_params``, for a family
+    whose count has no convenient closed form (a recurrent control counted on the meta device).
+
+    For each depth (in order of preference) the width is found by bisection (``count`` grows
+    with the width), and the widths on either side of the target are tried; with ``width``
+    given only the depths are searched. The first depth with a shape within ``tolerance``
+    wins, its closer width; without one, the closest shape of all is refused.
+
+    Args:
+        count: ``count(depth, width) -> parameters``.
+        target_params: the parameter count to match.
+        depths: depths to try, the preferred first (e.g. the transformer's own first).
+        width: a fixed width (then only the depths are searched).
+        max_width: the largest width tried.
+        tolerance: largest ``|mismatch|`` accepted.
+
+    Raises:
+        ConfigError: no shape lands within ``tolerance``.
+    """
+
+    def closest_width(depth: int) -> int:
+        if width is not None:
+            return width
+        low, high = 1, max_width
+        while low < high:  # the smallest width whose count reaches the target
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if count(depth, mid) < target_params else (low, mid)
+        return min((w for w in (low - 1, low) if w >= 1), key=lambda w: abs(count(depth, w) - target_params))
+
+    best: ShapeSizing | None = None
+    for depth in depths:
+        w = closest_width(depth)
+        params = count(depth, w)
+        sizing = ShapeSizing(depth, w, params, target_params, (params - target_params) / target_params)
+        if abs(sizing.mismatch) <= tolerance:
+            return sizing
+        if best is None or abs(sizing.mismatch) < abs(best.mismatch):
+            best = sizing
+    assert best is not None, "size_by_count needs at least one depth"
+    raise ConfigError(
+        f"no shape matches {target_params} parameters within {tolerance:.0%}: the closest "
+        f"({best.depth} layers x {best.width}) is off by {best.mismatch:+.2%}; give the sizes yourself"
     )

@@ -46,20 +46,40 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from windtunnel.models.base import SequenceModel
-
-__all__ = ["NULL_TRACE", "Replacement", "Trace", "run_with_trace"]
+__all__ = ["NULL_TRACE", "Replacement", "Trace", "Traceable", "run_with_trace"]
 
 #: A replacement value: a tensor broadcastable to the activation, or ``fn(x, name) -> tensor``.
 Replacement = Tensor | Callable[[Tensor, str], Tensor]
 
 _GLOB_CHARS = frozenset("*?[")
+
+
+class Traceable(Protocol):
+    """What a trace needs of a model (every :class:`~windtunnel.models.base.SequenceModel` is one).
+
+    Declared here rather than importing the model base class, which itself builds on this
+    module: the trace depends on this protocol only, never on a model family.
+    """
+
+    @property
+    def activation_names(self) -> list[str]:
+        """Every name a trace can record, in forward order."""
+
+    @property
+    def n_layers(self) -> int:
+        """Number of residual blocks."""
+
+    @property
+    def attention_heads(self) -> dict[int, int]:
+        """``{layer: n_heads}`` for the layers that have attention."""
+
+    def __call__(self, tokens: Tensor, *, trace: Trace | None = None) -> Tensor:
+        """``[B, T, C]`` logits of one forward call that ``trace`` records."""
 
 
 def _resolve(what: str, patterns: Iterable[str], available: list[str]) -> list[str]:
@@ -125,7 +145,7 @@ class Trace:
 
     # --- the protocol models use -------------------------------------------------------
 
-    def start(self, model: SequenceModel) -> Trace:
+    def start(self, model: Traceable) -> Trace:
         """Check the request against ``model`` and clear previous recordings (called by forward).
 
         Raises:
@@ -265,7 +285,7 @@ NULL_TRACE = _NullTrace()
 
 
 def run_with_trace(
-    model: SequenceModel, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any
+    model: Traceable, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any
 ) -> tuple[Tensor, Trace]:
     """Run ``model`` once with a fresh :class:`Trace`; return ``(logits, trace)``.
 

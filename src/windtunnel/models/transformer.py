@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from windtunnel.models.base import SequenceModel
+from windtunnel.models.base import Role, SequenceModel
 from windtunnel.models.components import Attention, TransformerBlock
 from windtunnel.models.config import TransformerConfig, resolve_max_len
 from windtunnel.models.names import transformer_names
@@ -45,6 +45,7 @@ class Transformer(SequenceModel):
 
     kind: ClassVar[str] = "transformer"
     config_class: ClassVar[type] = TransformerConfig
+    role: ClassVar[Role] = "subject"  # the model whose Bayesian geometry the paper studies
 
     def __init__(
         self,
@@ -70,9 +71,15 @@ class Transformer(SequenceModel):
         self.init_std = config.init_std
         self.reset_parameters(generator)
 
-    @property
-    def activation_names(self) -> list[str]:
-        return transformer_names(self.n_layers, no_attention_layers=self.config.no_attention_layers)
+    @classmethod
+    def activation_names_for(cls, config: TransformerConfig) -> list[str]:
+        return transformer_names(config.n_layers, no_attention_layers=config.no_attention_layers)
+
+    @classmethod
+    def variant(cls, config: TransformerConfig) -> str:
+        """``"no attention in 7,8"`` for the late-attention variant, ``""`` for the full model."""
+        layers = config.no_attention_layers
+        return "no attention in " + ",".join(map(str, layers)) if layers else ""
 
     @property
     def attention_heads(self) -> dict[int, int]:

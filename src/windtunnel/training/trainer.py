@@ -89,9 +89,12 @@ def data_seed(seed: int, rank: int, step: int) -> int:
 
 
 def _optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains,
+    nor on a parameter its module marks ``_no_weight_decay`` (Mamba's A_log: the published
+    recipe keeps the state decay rates out of weight decay)."""
+    decayed = [p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) for p in model.parameters()]
+    decay = [p for p, d in zip(model.parameters(), decayed) if d]
+    no_decay = [p for p, d in zip(model.parameters(), decayed) if not d]
     t = config.train
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8)

@@ -10,16 +10,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from windtunnel.config import ConfigError, apply_overrides, from_mapping
+from windtunnel.tunnels.assoc_recall import AssocRecallEpisode, AssocRecallTunnel
 from windtunnel.tunnels.base import Episode, Tunnel
 from windtunnel.tunnels.bijection import BijectionEpisode, BijectionTunnel
+from windtunnel.tunnels.capabilities import lacks
 from windtunnel.tunnels.hmm import HMMEpisode, HMMTunnel, decode_header, forward_filter
 
 __all__ = [
     "TUNNELS",
+    "AssocRecallEpisode",
+    "AssocRecallTunnel",
     "BijectionEpisode",
     "BijectionTunnel",
     "Episode",
@@ -28,12 +33,54 @@ __all__ = [
     "Tunnel",
     "decode_header",
     "forward_filter",
+    "lacks",
     "make_tunnel",
+    "register_tunnel",
     "tunnel_class",
+    "unregister_tunnel",
 ]
 
-#: Registry of the built-in tunnels by name.
-TUNNELS: dict[str, type] = {cls.name: cls for cls in (BijectionTunnel, HMMTunnel)}
+#: Every tunnel by name: the built-in ones, and any added with :func:`register_tunnel`.
+TUNNELS: dict[str, type] = {}
+
+
+def register_tunnel(cls: type) -> type:
+    """Make the tunnel class ``cls`` available by its ``name`` (to configs, ``windtunnel sample``,
+    training, evaluation and the analyses); returns ``cls``, so it also serves as a class decorator.
+
+    A tunnel is a frozen dataclass of its parameters that keeps the
+    :class:`~windtunnel.tunnels.base.Tunnel` contract; what else it knows about its task it
+    declares through the optional capabilities of :mod:`windtunnel.tunnels.capabilities`.
+
+    Raises:
+        ValueError: ``cls`` is not a dataclass keeping the contract, or its name is taken.
+    """
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} has no name: give it a class attribute name: ClassVar[str]")
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"{cls.__name__} is not a dataclass: a tunnel's parameters are its dataclass fields")
+    missing = [m for m in ("vocab_size", "num_classes", "horizon", "check_horizon", "seq_len", "prior_predictive",
+                           "sample_bytes", "sample") if not hasattr(cls, m)]
+    if missing:
+        raise ValueError(f"{cls.__name__} does not keep the Tunnel contract: it lacks {', '.join(missing)}")
+    if name in TUNNELS:
+        raise ValueError(f"a tunnel named {name!r} is registered already ({TUNNELS[name].__name__})")
+    TUNNELS[name] = cls
+    return cls
+
+
+def unregister_tunnel(name: str) -> None:
+    """Remove the tunnel registered as ``name`` (a test's clean-up; the built-in ones stay put)."""
+    if TUNNELS.get(name) in BUILT_IN:
+        raise ValueError(f"the built-in {name!r} tunnel cannot be unregistered")
+    TUNNELS.pop(name, None)
+
+
+#: The tunnels this package ships.
+BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel)
+for _cls in BUILT_IN:
+    register_tunnel(_cls)
 
 
 def tunnel_class(name: str) -> type:

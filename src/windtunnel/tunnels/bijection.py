@@ -17,6 +17,7 @@ without replacement ``H_Bayes(k) = log2(V - k + 1)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -133,6 +134,64 @@ class BijectionTunnel:
     def prior_predictive(self, n_positions: int) -> Tensor:
         """``[n_positions, V]`` float64: before any pair is seen, every output is equally likely."""
         return torch.full((n_positions, self.V), 1.0 / self.V, dtype=torch.float64)
+
+    # --- optional capabilities (windtunnel.tunnels.capabilities) ---------------------
+
+    #: Query-key sharpening's kinds of key (the categories partition the keys a query sees).
+    category_meanings: ClassVar[dict[str, str]] = {
+        "evidence": "the earlier positions that fix the exact posterior: when the query's input x_q is new, every "
+        "earlier output token (the eliminated outputs: the posterior is uniform over the rest); when x_q was "
+        "shown before, the output token of that earlier pair (the answer)",
+        "matching_input": "earlier positions holding the query's own input x_q (only when inputs repeat)",
+        "other_output": "earlier output tokens that are not evidence (only when x_q repeats)",
+        "other_input": "earlier input tokens other than x_q (they say nothing about pi(x_q))",
+        "self": "the query position itself (x_q)",
+    }
+
+    def symbol_tokens(self) -> tuple[list[int], list[str]]:
+        """The input tokens ``x = 0..V-1`` (outputs are tokens ``V + y``)."""
+        return list(range(self.V)), [f"x={x}" for x in range(self.V)]
+
+    def hypothesis_tokens(self) -> list[int]:
+        """The output tokens ``V..2V-1``: a hypothesis fixes which output each input maps to."""
+        return list(range(self.V, 2 * self.V))
+
+    def attention_categories(self, episode: Episode) -> dict[str, Tensor]:
+        """See :class:`~windtunnel.tunnels.capabilities.AttentionCategories` and :attr:`category_meanings`."""
+        tokens = episode.tokens  # [B, T]
+        B, T = tokens.shape
+        queries = episode.positions  # [P]
+        t = torch.arange(T)
+        earlier = (t[None, :] < queries[:, None])[None]  # [1, P, T]
+        is_input = (tokens < self.V)[:, None, :]  # [B, 1, T]; outputs are tokens V..2V-1
+        query_tokens = tokens[:, queries]  # [B, P]
+        matching_input = is_input & earlier & (tokens[:, None, :] == query_tokens[..., None])  # [B, P, T]
+        repeat = matching_input.any(-1, keepdim=True)  # [B, P, 1]
+        # The output of a pair sits right after its input (x y x y ...).
+        answer = torch.zeros_like(matching_input)
+        answer[..., 1:] = matching_input[..., :-1]
+        earlier_outputs = ~is_input & earlier  # [B, P, T]
+        evidence = torch.where(repeat, answer & earlier_outputs, earlier_outputs)
+        return {
+            "evidence": evidence,
+            "matching_input": matching_input,
+            "other_output": earlier_outputs & ~evidence,
+            "other_input": is_input & earlier & ~matching_input,
+            "self": (t[None, :] == queries[:, None])[None].expand(B, -1, -1),
+        }
+
+    def closed_form_entropy_bits(self, n_positions: int) -> list[float] | None:
+        """Without replacement ``log2(V - k + 1)`` at the k-th input (k = 1..L), and 0 at the
+        final query (its answer was shown); with replacement None (it depends on the repeats)."""
+        if self.with_replacement:
+            return None
+        n_pairs = n_positions - int(self.query)
+        return [math.log2(self.V - k + 1) for k in range(1, n_pairs + 1)] + [0.0] * int(self.query)
+
+    def value_positions(self, episode: Episode) -> tuple[Tensor, Tensor]:
+        """The output token ``y_k`` right after each input ``x_k`` (the final query has none)."""
+        kept = (episode.positions + 1 < episode.tokens.shape[1]).nonzero().flatten()  # [P']
+        return episode.positions[kept] + 1, kept
 
     def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
         """What the episode returned keeps: the float64 posteriors ``[B, L, V]`` and entropies,

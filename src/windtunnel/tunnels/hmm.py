@@ -270,6 +270,48 @@ class HMMTunnel:
         floored = probs.clamp_min(self.floor)
         return round_rows_with_floor(floored / floored.sum(-1, keepdim=True), self.levels, self.floor_steps)
 
+    # --- optional capabilities (windtunnel.tunnels.capabilities) ---------------------
+
+    #: Query-key sharpening's kinds of key (the categories partition the keys a query sees).
+    category_meanings: ClassVar[dict[str, str]] = {
+        "header_transition": "the S*S header tokens of T",
+        "header_emission": "the S*M header tokens of E",
+        "observations": "the earlier observation tokens o_1..o_{t-1}",
+        "self": "the query position itself (o_t)",
+    }
+
+    #: Why capabilities it lacks do not fit the task (windtunnel.tunnels.capabilities.lacks).
+    why_not: ClassVar[dict[str, str]] = {
+        "HypothesisTokens": "it shows no hypothesis tokens: its hidden states are never shown (the header holds counts "
+        "of T and E, the sequence the observation symbols)",
+        "ValuePositions": "it shows no value tokens: the position after an observation holds the next observation",
+    }
+
+    def symbol_tokens(self) -> tuple[list[int], list[str]]:
+        """The observation symbols ``o = 0..M-1`` (tokens ``N + 1 + o``; header tokens are grid counts)."""
+        first = self.levels + 1
+        return list(range(first, first + self.M)), [f"o={o}" for o in range(self.M)]
+
+    def attention_categories(self, episode: Episode) -> dict[str, Tensor]:
+        """See :class:`~windtunnel.tunnels.capabilities.AttentionCategories` and :attr:`category_meanings`."""
+        B, T = episode.tokens.shape
+        queries = episode.positions  # [P]
+        t = torch.arange(T)
+        earlier = (t[None, :] < queries[:, None])[None]  # [1, P, T]
+        n_transition = self.S * self.S
+        by_position = {
+            "header_transition": t < n_transition,
+            "header_emission": (t >= n_transition) & (t < self.header_len),
+            "observations": t >= self.header_len,
+        }
+        categories = {name: (mask[None, None, :] & earlier).expand(B, -1, -1) for name, mask in by_position.items()}
+        return {**categories, "self": (t[None, :] == queries[:, None])[None].expand(B, -1, -1)}
+
+    @property
+    def n_labels(self) -> int:
+        """A relabeling permutes the ``S`` hidden states."""
+        return self.S
+
     def relabel(self, episode: HMMEpisode, permutation: Tensor) -> HMMEpisode:
         """The same sequences under the state relabeling ``permutation`` (``[S]`` or ``[B, S]``).
 

@@ -1,0 +1,143 @@
+"""What a tunnel may know about itself beyond the :class:`~windtunnel.tunnels.base.Tunnel`
+contract: optional capabilities, each a method the tunnel class defines or not.
+
+Every analysis runs on any tunnel that keeps the contract (token ids in, exact posteriors
+out). Some need task knowledge on top: which tokens are the symbols whose keys are compared,
+how the keys a query sees divide into evidence and the rest, whether hidden states can be
+relabeled, whether the exact entropy has a closed form. A tunnel declares such knowledge by
+defining the capability's members; an analysis that needs it asks :func:`lacks`, which says
+in one line why the analysis does not apply (with the tunnel's own reason where it gives
+one in ``why_not``), instead of crashing or testing the tunnel's class.
+
+    >>> from windtunnel.tunnels import make_tunnel
+    >>> from windtunnel.tunnels.capabilities import Relabeling, lacks
+    >>> lacks(make_tunnel("hmm"), Relabeling) is None
+    True
+    >>> print(lacks(make_tunnel("bijection"), Relabeling))
+    the bijection tunnel does not declare Relabeling (hidden-state labels that can be permuted): it would define n_labels and relabel
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from windtunnel.tunnels.base import Episode
+
+__all__ = [
+    "AttentionCategories",
+    "CAPABILITIES",
+    "ClosedFormEntropy",
+    "HypothesisTokens",
+    "Relabeling",
+    "SymbolTokens",
+    "ValuePositions",
+    "capabilities_of",
+    "declares",
+    "lacks",
+]
+
+
+@runtime_checkable
+class SymbolTokens(Protocol):
+    """The token ids that stand for the task's symbols, whose keys are compared for
+    orthogonality (the bijection's inputs, the HMM's observation symbols)."""
+
+    def symbol_tokens(self) -> tuple[list[int], list[str]]:
+        """The token ids, and a label for each (``"x=3"``)."""
+
+
+@runtime_checkable
+class HypothesisTokens(Protocol):
+    """The token ids that name the hypotheses (the bijection's outputs: a hypothesis fixes
+    which output each input maps to), for the authors' later key measure."""
+
+    def hypothesis_tokens(self) -> list[int]:
+        """The token ids."""
+
+
+@runtime_checkable
+class AttentionCategories(Protocol):
+    """How the keys a supervised query sees divide into kinds, one of them the evidence that
+    fixes the exact posterior (query-key sharpening, Fig 15)."""
+
+    #: Each category's meaning, in words (the report prints them).
+    category_meanings: ClassVar[dict[str, str]]
+
+    def attention_categories(self, episode: Episode) -> dict[str, Tensor]:
+        """``{category: [B, P, T] bool}``: for query ``positions[p]`` of sequence ``b``, which
+        keys ``t`` are of that kind; the categories partition the causal keys ``t <= positions[p]``
+        (every such key is in exactly one). One category is named ``"evidence"`` where the task
+        has evidence a query should find."""
+
+
+@runtime_checkable
+class Relabeling(Protocol):
+    """A permutation of hidden-state labels that keeps the posterior's meaning (Fig 8): the
+    relabeled sequences have the same observations and the permuted exact posterior."""
+
+    @property
+    def n_labels(self) -> int:
+        """How many labels a permutation acts on."""
+
+    def relabel(self, episode: Any, permutation: Tensor) -> Episode:
+        """The same sequences under ``permutation`` (``[n_labels]`` or ``[B, n_labels]``)."""
+
+
+@runtime_checkable
+class ClosedFormEntropy(Protocol):
+    """The exact entropy at each supervised position is the same for every sequence and
+    known in closed form (the bijection without replacement: ``log2(V - k + 1)``)."""
+
+    def closed_form_entropy_bits(self, n_positions: int) -> list[float] | None:
+        """``[n_positions]`` the curve, or None where this tunnel's parameters give none."""
+
+
+@runtime_checkable
+class ValuePositions(Protocol):
+    """Each supervised position's answer is shown later in the sequence, at a position the
+    tunnel can name (the bijection's output token right after its input): the value tokens
+    whose representation the authors' value-manifold measure reads."""
+
+    def value_positions(self, episode: Episode) -> tuple[Tensor, Tensor]:
+        """``[P']`` the positions holding an answer, and ``[P']`` the index into
+        ``episode.positions`` of the supervised position each answers."""
+
+
+#: Every capability: what it says of a task, and the members a tunnel defines to declare it.
+CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
+    SymbolTokens: ("which tokens are its symbols", ("symbol_tokens",)),
+    HypothesisTokens: ("which tokens name its hypotheses", ("hypothesis_tokens",)),
+    AttentionCategories: ("which keys are evidence for a query", ("category_meanings", "attention_categories")),
+    Relabeling: ("hidden-state labels that can be permuted", ("n_labels", "relabel")),
+    ClosedFormEntropy: ("a closed-form exact entropy curve", ("closed_form_entropy_bits",)),
+    ValuePositions: ("where each answer is shown", ("value_positions",)),
+}
+
+
+def declares(tunnel: object, capability: type) -> bool:
+    """Whether ``tunnel`` (a tunnel or a tunnel class) defines every member of ``capability``."""
+    return all(hasattr(tunnel, member) for member in CAPABILITIES[capability][1])
+
+
+def capabilities_of(tunnel: object) -> list[str]:
+    """The names of the capabilities ``tunnel`` (a tunnel or a tunnel class) declares."""
+    return [capability.__name__ for capability in CAPABILITIES if declares(tunnel, capability)]
+
+
+def lacks(tunnel: object, capability: type) -> str | None:
+    """None if ``tunnel`` declares ``capability``, else one line saying why not.
+
+    A tunnel may explain an absence in its class attribute ``why_not`` (``{capability name:
+    reason}``), e.g. why the HMM has no hypothesis tokens; otherwise the line names what the
+    tunnel would have to define.
+    """
+    if declares(tunnel, capability):
+        return None
+    name = getattr(tunnel, "name", type(tunnel).__name__)
+    reason = getattr(tunnel, "why_not", {}).get(capability.__name__)
+    if reason:
+        return f"the {name} tunnel has no {capability.__name__}: {reason}"
+    says, members = CAPABILITIES[capability]
+    return f"the {name} tunnel does not declare {capability.__name__} ({says}): it would define {' and '.join(members)}"
