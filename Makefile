@@ -15,7 +15,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# The main job (about 100 minutes on 2 cores; README, Reproduction): the CPU-scale reproduction of the paper into reproduction/, report in
+# The main job (100 minutes on 2 AVX-512 cores, longer on slower ones; README, Set-up): the CPU-scale reproduction of the paper into reproduction/, report in
 # reproduction/report/index.html. Run it again after an interruption: it resumes.
 run: install
 	$(BIN)/windtunnel reproduce --scale cpu --out reproduction --resume

@@ -4,8 +4,8 @@ Three scales of the same plan (:data:`SCALES`):
 
 - ``tiny``: minutes-scale models trained for a few hundred steps; a first look at the whole
   pipeline in about two minutes (and the end-to-end test). Its numbers mean nothing.
-- ``cpu`` (default): the ``configs/cpu`` presets, sized to finish within an hour on 2 CPU
-  cores; what was cut relative to the paper is listed in the report.
+- ``cpu`` (default): the ``configs/cpu`` presets, 100 minutes on 2 AVX-512 CPU cores (longer
+  on slower ones); what was cut relative to the paper is listed in the report.
 - ``paper``: the ``configs/paper`` presets, the paper's protocol and seeds; expects a GPU.
 
 Layout of ``--out DIR``::
@@ -196,7 +196,7 @@ SCALES: dict[str, Scale] = {
             "hmm_mlp_floor": 85.0,
             "hmm_late_attention_off": 1500.0,
         },
-        hardware="2 CPU cores: about 100 minutes (measured on an AMD EPYC)",
+        hardware="2 CPU cores: about 100 minutes on an AVX-512 AMD EPYC (measured), about 2.5 hours projected on an AVX2-only one",
         cuts=(
             "Models of 0.17M-0.2M parameters (bijection: 4 layers, 4 heads, d_model 64; HMM: 6 layers, 4 heads, "
             "d_model 48, initial weights of std 0.04) instead of 2.7M-7.2M.",
