@@ -95,3 +95,28 @@ def test_sample_command(capsys):
     assert main(["sample", "assoc_recall", "--n", "2", "--set", "n_pairs=2", "--set", "key_vocab=4", "--set", "value_vocab=4"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(records) == 2 and all(len(r["queries"]) == 8 and len(r["posterior"]) == 8 for r in records)
+
+
+def test_a_transformer_trains_on_it_and_every_analysis_that_applies_runs(tmp_path, capsys):
+    from windtunnel.run_config import run_config_from_mapping
+    from windtunnel.training.trainer import train
+
+    config = run_config_from_mapping(
+        {
+            "tunnel": {"name": "assoc_recall", "n_pairs": 3, "n_queries": 4, "n_filler": 1, "key_vocab": 6, "value_vocab": 6},
+            "model": {"kind": "transformer", "n_layers": 2, "n_heads": 2, "d_model": 16, "d_mlp": 32},
+            "train": {"steps": 10, "batch_size": 32, "eval_every": 5, "checkpoint_every": 0, "log_every": 5},
+            "eval": {"n": 64, "batch_size": 64, "bootstrap": 10, "horizons": [4, 6]},
+        }
+    )
+    train(config, tmp_path / "run", progress=False)
+    assert main(["analyze", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    written = json.loads(captured.out)
+    # its capabilities put the attention analyses to work; relabeling and the value-token measure skip
+    assert {"key_orthogonality", "qk_sharpening", "layer_ablation", "head_ablation", "length_generalization"} <= set(written)
+    assert "[analyze] skipped relabeling: the assoc_recall tunnel does not declare Relabeling" in captured.err
+    sharpening = json.loads((tmp_path / "run" / "analysis" / "qk_sharpening.json").read_text())
+    assert sharpening["categories"] == list(AssocRecallTunnel.category_meanings)
+    keys = json.loads((tmp_path / "run" / "analysis" / "key_orthogonality.json").read_text())
+    assert keys["token_values"] == list(range(6)) and "normalized_output_keys_abs" in keys["measures"]
