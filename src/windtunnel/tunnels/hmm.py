@@ -34,6 +34,8 @@ from torch import Tensor
 from windtunnel.config import ConfigError, check_field_types
 from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.filtering import forward_filter
+from windtunnel.tunnels.quantize import quantize_rows, round_rows_with_floor
 from windtunnel.tunnels.random import dirichlet
 
 __all__ = [
@@ -376,65 +378,6 @@ def decode_header(tokens: Tensor, S: int, M: int) -> tuple[Tensor, Tensor]:
     return transition.double() / levels, emission.double() / levels
 
 
-def quantize_rows(probs: Tensor, levels: int) -> Tensor:
-    """Round each row of ``probs`` to integer counts summing to exactly ``levels``.
-
-    Largest-remainder rounding: floor every ``p * levels``, then give the missing units to
-    the entries with the largest remainders, so each entry moves by less than one grid step.
-
-    Args:
-        probs: ``[..., k]`` rows summing to 1.
-
-    Returns:
-        ``[..., k]`` int64 counts.
-    """
-    scaled = probs * levels
-    counts = scaled.floor()
-    missing = levels - counts.sum(-1, keepdim=True)  # [..., 1], in 0..k-1
-    order = (scaled - counts).argsort(dim=-1, descending=True, stable=True)  # largest remainder first
-    bonus = torch.arange(probs.shape[-1]) < missing  # [..., k]: one unit to each of the first `missing`
-    return counts.long().scatter_add_(-1, order, bonus.long())
-
-
-def round_rows_with_floor(probs: Tensor, levels: int, minimum: int) -> Tensor:
-    """Round each row to integer counts summing to ``levels``, each at least ``minimum``, as
-    the authors' generator does.
-
-    Round every ``p * levels`` to the nearest integer (half to even), raise it to
-    ``minimum``, then fix the row's sum one unit at a time: a row short of ``levels`` adds
-    one unit to each entry in ascending order of its count (ties by position), cycling; a
-    row over it takes one unit from each entry above ``minimum`` in descending order,
-    cycling, skipping entries at the minimum. The orders are fixed once, before any fix.
-
-    Args:
-        probs: ``[..., k]`` rows summing to 1.
-        levels: units per row.
-        minimum: units every entry gets at least; ``k * minimum <= levels``.
-
-    Returns:
-        ``[..., k]`` int64 counts.
-    """
-    k = probs.shape[-1]
-    if k * minimum > levels:
-        raise ValueError(f"minimum={minimum} is infeasible: {k} x {minimum} units exceed levels={levels}")
-    counts = torch.round(probs * levels).long().clamp_min(minimum)  # [..., k]
-    short = (levels - counts.sum(-1, keepdim=True)).clamp_min(0)  # [..., 1]
-    # Short rows: the entry of rank r in ascending order is reached ceil((short - r) / k) times.
-    rank_up = counts.argsort(dim=-1, stable=True).argsort(dim=-1)  # [..., k]
-    counts = counts + torch.div(short - rank_up + k - 1, k, rounding_mode="floor").clamp_min(0)
-    # Rows over: each pass visits the entries in descending order once and takes a unit from
-    # each one still above the minimum, until the row sums to ``levels``.
-    down = (-counts).argsort(dim=-1, stable=True)  # [..., k]: entry indices, largest first
-    over = counts.sum(-1, keepdim=True) - levels  # [..., 1], >= 0
-    while bool((over > 0).any()):
-        in_order = counts.gather(-1, down)  # [..., k]
-        eligible = in_order > minimum
-        take = eligible & (eligible.cumsum(-1) <= over)  # the first `over` eligible entries of this pass
-        counts = counts.scatter_add(-1, down, -take.long())
-        over = over - take.sum(-1, keepdim=True)
-    return counts
-
-
 def _sample_path(
     transition_counts: Tensor, emission_counts: Tensor, initial: Tensor, n_obs: int, levels: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
@@ -457,41 +400,3 @@ def _sample_path(
     emission_cum = emission_counts.cumsum(-1).gather(1, states[:, :, None].expand(B, n_obs, M))  # [B, K, M]
     observations = (emission_cum <= emission_draws).sum(-1)  # [B, K]
     return states, observations
-
-
-_RESCALE_EVERY = 8  # (1/levels)^16 stays far above float64's smallest normal for levels <= 1e9
-
-
-def forward_filter(transition: Tensor, emission: Tensor, initial: Tensor, observations: Tensor) -> tuple[Tensor, Tensor]:
-    """The forward algorithm, normalized at every step.
-
-    Args:
-        transition: ``[B, S, S]`` float64.
-        emission: ``[B, S, M]`` float64.
-        initial: ``[B, S]`` or ``[S]`` float64 distribution of ``s_1``.
-        observations: ``[B, K]`` int64.
-
-    Returns:
-        posterior ``[B, K, S]`` float64, ``p(s_t | o_1..o_t)``; and ``[B]`` float64
-        ``log p(o_1..o_K)`` in nats, the sum of the logs of the per-step normalizers.
-    """
-    B, K = observations.shape
-    S = transition.shape[-1]
-    # likelihood[t, b, s] = E[b, s, o_t]; time-major so each step reads a contiguous slice
-    likelihood = emission.gather(2, observations[:, None, :].expand(B, S, K)).permute(2, 0, 1).contiguous()
-    # The recursion runs on the unnormalized joint p(s_t, o_1..o_t) (scale does not change
-    # relative float64 error) and is rescaled every few steps so it cannot underflow: each
-    # step shrinks it by p(o_t | o_<t) >= (1 / levels)^2 for data the HMM generated.
-    joint = torch.empty(K, B, S, dtype=torch.float64)
-    log_scale = torch.zeros(B, dtype=torch.float64)  # log of the factors divided out so far
-    predicted = initial.expand(B, S)
-    for t in range(K):
-        torch.mul(predicted, likelihood[t], out=joint[t])
-        if t % _RESCALE_EVERY == _RESCALE_EVERY - 1:
-            scale = joint[t].sum(-1, keepdim=True)  # [B, 1]
-            joint[t] /= scale
-            log_scale += scale.squeeze(1).log()
-        predicted = torch.bmm(joint[t, :, None, :], transition).squeeze(1)
-    evidence = joint.sum(-1, keepdim=True)  # [K, B, 1]
-    log_likelihood = log_scale + evidence[-1, :, 0].log()  # nats
-    return (joint / evidence).transpose(0, 1), log_likelihood
