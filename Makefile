@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny test bench install clean
+.PHONY: run tiny architectures test bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ run: install
 # A two-minute first look at the whole pipeline (numbers mean nothing at this scale).
 tiny: install
 	$(BIN)/windtunnel reproduce --scale tiny --out reproduction-tiny --resume
+
+# The architecture-by-primitive table (README, "Architectures"): transformer, Mamba, LSTM and MLP
+# on the bijection, the HMM and associative recall at two sizes, into reproduction-architectures/.
+architectures: install
+	$(BIN)/windtunnel reproduce --scale cpu --only architectures --out reproduction-architectures --resume
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -134,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
         "(the paper's protocol; expects a GPU). Writes DIR/report/index.html. Interrupted? Run it again with --resume.",
     )
     reproduce.add_argument("--scale", default="cpu", help="tiny, cpu (default) or paper")
+    reproduce.add_argument(
+        "--only",
+        default="claims",
+        metavar="STUDY",
+        help="claims (default: the paper's claims) or architectures (transformer, Mamba, LSTM and MLP on every "
+        "inference primitive; scales tiny and cpu)",
+    )
     reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
     reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")
     reproduce.add_argument("--jobs", type=_positive_int, help="runs trained side by side (default: 2 on CPU scales, 1 for paper)")
@@ -302,7 +309,9 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
     with _one_writer(Path(args.out), create=True):
-        index = reproduce(args.scale, Path(args.out), resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run)
+        index = reproduce(
+            args.scale, Path(args.out), only=args.only, resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run
+        )
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
 

@@ -41,7 +41,7 @@ from windtunnel.jobs import TrainJob, job_state, run_jobs
 from windtunnel.files import atomic_write_text, has_content
 from windtunnel.report.build import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError, build_report
 
-__all__ = ["SCALES", "AnalysisGroup", "Scale", "plan_analyses", "plan_runs", "reproduce"]
+__all__ = ["SCALES", "STUDIES", "AnalysisGroup", "Scale", "Study", "plan_analyses", "plan_runs", "reproduce"]
 
 @dataclass(frozen=True)
 class Preset:
@@ -248,10 +248,11 @@ def configs_folder(scale: Scale) -> Path:
     return Path(str(resources.files("windtunnel") / "configs" / scale.configs))
 
 
-def plan_runs(scale: Scale, out: Path) -> list[TrainJob]:
-    """The training runs of ``scale`` in ``out/runs``, longest first (for packing)."""
+def plan_runs(scale: Scale, out: Path, presets: Sequence[Preset] = PRESETS) -> list[TrainJob]:
+    """The training runs of ``presets`` (default: the paper's claims) at ``scale`` in
+    ``out/runs``, longest first (for packing)."""
     jobs = []
-    for preset in PRESETS:
+    for preset in presets:
         for seed in range(scale.seeds.get(preset.name, 1)):
             expected = scale.expected_s.get(preset.name) or scale.expected_s.get(preset.name.split("_")[0])
             jobs.append(
@@ -300,19 +301,120 @@ GROUPS = (
     ),
 )
 
+#: The architectures study's tunnels (``configs/primitives/<tunnel>_<family>.toml``), one per
+#: inference primitive of the paper's later versions, the binding one at two sizes: 4 stored
+#: pairs, and 8, where a fixed-size state has to hold twice as much.
+PRIMITIVE_TUNNELS = ("bijection", "hmm", "recall4", "recall8")
+#: Its model families, in the order of the paper's table.
+ARCHITECTURES = ("transformer", "mamba", "lstm", "mlp")
+ARCHITECTURE_PRESETS = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES)
+#: Each tunnel's four models compared: Table 1 per tunnel, from which the report's primitives table is built.
+ARCHITECTURE_GROUPS = tuple(
+    AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in PRIMITIVE_TUNNELS
+)
+
+#: One seed per run at the CPU scale: the 60-minute budget (the cuts say so).
+CPU_PRIMITIVES_SEEDS: dict[str, int] = {}
+#: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing:
+#: the Mamba runs start first). Measured steps/s on an AMD EPYC (Zen 3), README "Architectures".
+CPU_PRIMITIVES_EXPECTED_S = {
+    **{f"{t}_transformer": 150.0 for t in ("bijection", "recall4", "recall8")},
+    "hmm_transformer": 180.0,
+    **{f"{t}_lstm": 150.0 for t in ("bijection", "hmm", "recall4", "recall8")},
+    **{f"{t}_mlp": 60.0 for t in ("bijection", "hmm", "recall4", "recall8")},
+    "bijection_mamba": 900.0,
+    "hmm_mamba": 1000.0,
+    "recall4_mamba": 460.0,
+    "recall8_mamba": 550.0,
+}
+CPU_PRIMITIVES_HARDWARE = "2 CPU cores: about 45 minutes on an AVX2 AMD EPYC (Zen 3)"
+CPU_PRIMITIVES_CUTS = (
+    "Models of 60k-90k parameters (transformers of 2 layers, d_model 48, 4 heads; the HMM's 3 layers), each control "
+    "matched to its tunnel's transformer within 1%, instead of 2.7M-7.2M; 3,000 steps of batch 64 with warm-up and "
+    "cosine decay, soft targets, for every architecture of a tunnel alike.",
+    "Smaller tunnels: the bijection at V = 16 (the paper: 20); the HMM with S = M = 2 and K = 12 (the paper: 5, 5, 20), "
+    "its header on the 0.05 grid; associative recall with 4 and 8 stored pairs of 16 keys and 16 values (the paper "
+    "gives no size). Each transformer's depth and peak learning rate were chosen by measurement on seed 0 (README, "
+    "Architectures): 3 layers at 2e-3 learned recall late or not at all within 3,000 steps, 2 layers at 1e-3 learned it.",
+    "Mamba with d_state 4 (the published 16): mambapy's parallel scan materializes [batch, length, d_inner, d_state], "
+    "and a Mamba run already takes 5-6 times a transformer's time on a CPU. A smaller state is a handicap where state "
+    "capacity matters (binding); the paper-scale presets keep 16.",
+    "One seed per run (the paper's table reports 1-3): each number's interval is its 95% bootstrap interval over 2,048 "
+    "held-out sequences, which does not cover the spread over seeds; a verdict near a threshold may differ on another seed.",
+)
+
+_TINY_PRIMITIVES_TRAIN = (
+    "train.steps=60",
+    "train.batch_size=16",
+    "train.warmup_steps=10",
+    "train.eval_every=0",
+    "train.checkpoint_every=30",
+    "eval.n=128",
+    "eval.bootstrap=100",
+)
+
+ARCHITECTURE_SCALES: dict[str, Scale] = {
+    "tiny": Scale(
+        name="tiny",
+        configs="primitives",
+        seeds={},
+        overrides={"*": _TINY_PRIMITIVES_TRAIN},
+        parallel=2,
+        expected_s={"bijection": 5.0, "hmm": 5.0, "recall4": 5.0, "recall16": 10.0},
+        hardware="any machine; about a minute on 2 CPU cores",
+        cuts=("A smoke test of the pipeline, not a result: the CPU presets trained for 60 steps, 128 held-out "
+              "sequences. No number in this report should be read as a finding.",),
+    ),
+    "cpu": Scale(
+        name="cpu",
+        configs="primitives",
+        seeds=CPU_PRIMITIVES_SEEDS,
+        overrides={},
+        parallel=2,
+        expected_s=CPU_PRIMITIVES_EXPECTED_S,
+        hardware=CPU_PRIMITIVES_HARDWARE,
+        cuts=CPU_PRIMITIVES_CUTS,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    """What a reproduction trains and analyzes (``windtunnel reproduce --only NAME``), at
+    each scale it has."""
+
+    name: str
+    presets: tuple[Preset, ...]
+    groups: tuple[AnalysisGroup, ...]
+    scales: Mapping[str, Scale]
+    why_not: str = ""  # why the scales it lacks are absent
+
+
+STUDIES = {
+    "claims": Study("claims", PRESETS, GROUPS, SCALES),
+    "architectures": Study(
+        "architectures", ARCHITECTURE_PRESETS, ARCHITECTURE_GROUPS, ARCHITECTURE_SCALES,
+        why_not="its paper-scale presets (associative recall at the paper's size) are not written yet",
+    ),
+}
+
+
 #: Analyses that read a run's training history rather than its weights: not run at initialization.
 HISTORY_ANALYSES = ("training_dynamics",)
 
 
-def plan_analyses(jobs: Sequence[TrainJob]) -> list[tuple[AnalysisGroup, list[Path]]]:
-    """Each analysis group with the run directories it reads; groups none of whose presets
-    the scale trains (see its cuts) are left out."""
+def plan_analyses(
+    jobs: Sequence[TrainJob], groups: Sequence[AnalysisGroup] | None = None
+) -> list[tuple[AnalysisGroup, list[Path]]]:
+    """Each analysis group (default: the paper's claims, :data:`GROUPS`) with the run
+    directories it reads; groups none of whose presets the scale trains (see its cuts) are
+    left out."""
     by_preset: dict[str, list[Path]] = {}
     for job in jobs:
         by_preset.setdefault(job.preset, []).append(job.run_dir)
     for dirs in by_preset.values():
         dirs.sort()
-    planned = [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in GROUPS]
+    planned = [(group, [d for preset in group.presets for d in by_preset.get(preset, [])]) for group in groups or GROUPS]
     return [(group, run_dirs) for group, run_dirs in planned if run_dirs]
 
 
@@ -336,6 +438,7 @@ def reproduce(
     scale_name: str = "cpu",
     out: Path | str = "reproduction",
     *,
+    only: str = "claims",
     resume: bool = False,
     parallel: int | None = None,
     nproc_per_run: int = 1,
@@ -343,24 +446,35 @@ def reproduce(
 ) -> Path:
     """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
 
-    A directory that already holds a reproduction needs ``resume=True`` (and the same scale).
+    ``only`` names the study (:data:`STUDIES`): ``claims`` (the paper's claims, the default)
+    or ``architectures`` (the primitives table of the paper's later versions).
+    A directory that already holds a reproduction needs ``resume=True`` (and the same scale and study).
     ``parallel`` runs train side by side (default: the scale's); ``nproc_per_run > 1``
     trains each run with DDP over that many processes (``torch.distributed.run``; one per GPU).
     """
+    if only not in STUDIES:
+        raise ConfigError(f"unknown --only {only!r}; choose from: {', '.join(STUDIES)}")
+    study = STUDIES[only]
     if scale_name not in SCALES:
         raise ConfigError(f"unknown --scale {scale_name!r}; choose from: {', '.join(SCALES)}")
-    scale, out = SCALES[scale_name], Path(out)
+    if scale_name not in study.scales:
+        raise ConfigError(
+            f"--only {study.name} has no --scale {scale_name} ({study.why_not}); choose from: {', '.join(study.scales)}"
+        )
+    scale, out = study.scales[scale_name], Path(out)
     say = report or (lambda line: print(line, file=sys.stderr, flush=True))
     state = _read_state(out)
     if out.exists() and has_content(out) and not resume:
         raise ConfigError(f"--out {str(out)!r} is not empty: continue that reproduction with --resume, or choose a new directory")
     if state and state.get("scale") != scale.name:
         raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = plan_runs(scale, out)
-    groups = plan_analyses(jobs)
+    if state and state.get("study", "claims") != study.name:
+        raise ConfigError(f"{str(out)!r} holds a reproduction of --only {state.get('study', 'claims')}, not {study.name}: use another --out")
+    jobs = plan_runs(scale, out, study.presets)
+    groups = plan_analyses(jobs, study.groups)
     runs = tuple(_manifest_run(job, out) for job in jobs)  # every config valid before anything starts
-    command = f"windtunnel reproduce --scale {scale.name} --out {out}"
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {out}"
     spent = float(state.get("wall_s", 0.0))
     started = time.monotonic()
 
@@ -369,14 +483,14 @@ def reproduce(
 
     def checkpoint_state(stage: str, wall: float | None = None) -> None:
         """Rewrite the manifest at ``stage``, with the wall time spent (``wall``, else until now)."""
-        manifest = Manifest(scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs)
+        manifest = Manifest(scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name)
         atomic_write_text(out / STATE_FILE, manifest.to_json())
 
     checkpoint_state("train")
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
     remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
     say(
-        f"[reproduce] scale {scale.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
+        f"[reproduce] scale {scale.name}, {study.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
         + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
     )
     say("[reproduce] stage 1/3: training")

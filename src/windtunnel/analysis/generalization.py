@@ -24,6 +24,7 @@ import torch
 
 from windtunnel.analysis.base import Run, by_configuration, eval_set_for, register, scores_at, summarize
 from windtunnel.evaluation import METRICS, model_predictor, score_relabeling
+from windtunnel.tunnels.base import primitive_of
 from windtunnel.tunnels.capabilities import Relabeling, lacks
 
 __all__ = ["length_generalization", "late_attention", "model_comparison", "relabeling", "seeds"]
@@ -46,7 +47,11 @@ def _horizon_summary(runs: Sequence[Run], horizon: int) -> dict[str, Any]:
     """Metrics at one horizon, mean and spread over the runs, with curves and the prior row."""
     scores = [scores_at(run, horizon) for run in runs]
     summary: dict[str, Any] = {metric: summarize([s[metric] for s in scores]) for metric in METRICS}
-    summary["per_run"] = [{metric: s[metric] for metric in METRICS} for s in scores]
+    # Each run's 95% bootstrap interval over sequences rides along: with one seed it is the interval.
+    summary["per_run"] = [
+        {**{metric: s[metric] for metric in METRICS}, **{f"{m}_ci": s[f"{m}_ci"] for m in METRICS if f"{m}_ci" in s}}
+        for s in scores
+    ]
     summary["prior"] = {metric: scores[0]["prior"][metric] for metric in METRICS}
     summary["curves"] = _mean_curves(scores)
     return summary
@@ -197,15 +202,21 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
     """Table 1 and Fig 10: every model at every horizon, and its per-position error.
 
     Returns:
-        ``horizons``; ``models``: for each configuration, ``n_runs`` and per horizon its
-        metrics, prior row and curves (as in ``length_generalization``); ``ratios``: for
+        ``horizons``; ``primitive``: the inference primitive the tunnel declares (or None);
+        ``models``: for each configuration, ``n_runs``, ``n_parameters`` and per horizon its
+        metrics (each run's with its 95% bootstrap interval over sequences), prior row and
+        curves (as in ``length_generalization``); ``ratios``: for
         each configuration other than the full transformer, its ``mae_bits`` and
         ``kl_bits`` divided by the transformer's, per horizon; ``markdown``: Table 1.
     """
     groups = {configuration.name: group for configuration, group in by_configuration(runs).items()}
     horizons = runs[0].config.horizons
     models = {
-        name: {"n_runs": len(group), "horizons": {str(h): _horizon_summary(group, h) for h in horizons}}
+        name: {
+            "n_runs": len(group),
+            "n_parameters": sum(p.numel() for p in group[0].model.parameters()),
+            "horizons": {str(h): _horizon_summary(group, h) for h in horizons},
+        }
         for name, group in groups.items()
     }
     ratios: dict[str, Any] = {}
@@ -224,6 +235,7 @@ def model_comparison(runs: Sequence[Run]) -> dict[str, Any]:
     return {
         "horizons": list(horizons),
         "training_horizon": runs[0].config.tunnel.horizon,
+        "primitive": primitive_of(runs[0].config.tunnel),
         "reference": reference,
         "models": models,
         "ratios": ratios,

@@ -25,6 +25,7 @@ from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, MetricsError, plateau_
 from windtunnel.report.claim_types import median_of
 from windtunnel.report.claims import evaluate_claims, variant_name
 from windtunnel.report.html import Figure, Report, Section, Table, verdict, write_report
+from windtunnel.report.primitives import primitive_sections
 
 __all__ = [
     "FIGURE_PLAN",
@@ -108,6 +109,8 @@ MANIFEST_FILE = "reproduce.json"
 #: A run's resolved config, in its directory (``windtunnel.runs.CONFIG_FILE``; the report
 #: imports no run code, which needs the models).
 RUN_CONFIG_FILE = "config.json"
+#: The studies a report can be built for (``reproduce.STUDIES``; the report imports no plan).
+STUDY_NAMES = ("claims", "architectures")
 #: The stages of a reproduction whose analyses are all written: its report can be built.
 REPORTABLE_STAGES = ("report", "done")
 
@@ -167,6 +170,8 @@ class Manifest:
         hardware: what the scale expects.
         cuts: what the scale cuts relative to the paper's protocol, one paragraph each.
         runs: its training runs, in plan order.
+        study: what it reproduces (``reproduce.STUDIES``): ``claims``, the paper's claims, or
+            ``architectures``, the primitives table (a manifest without one is of the claims).
     """
 
     scale: str
@@ -176,6 +181,7 @@ class Manifest:
     hardware: str
     cuts: tuple[str, ...]
     runs: tuple[ManifestRun, ...]
+    study: str = "claims"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -203,7 +209,11 @@ class Manifest:
         runs = _field(data, "runs", list, path)
         if not all(isinstance(cut, str) for cut in cuts):
             raise ReportError(f"{str(path)!r} has no valid 'cuts' (damaged, or written by an older windtunnel)")
+        study = data.get("study", "claims") if isinstance(data, dict) else None
+        if study not in STUDY_NAMES:
+            raise ReportError(f"{str(path)!r} has no valid 'study' (one of {', '.join(STUDY_NAMES)}; damaged, or written by a newer windtunnel)")
         return cls(
+            study=study,
             scale=_field(data, "scale", str, path),
             stage=_field(data, "stage", str, path),
             wall_s=float(_field(data, "wall_s", (int, float), path)),
@@ -388,7 +398,9 @@ def _plateau_cell(config: Any, records: list[dict[str, Any]]) -> tuple[str, bool
     return f"no: mae_bits ≥ {HMM_PLATEAU_EXIT_MAE_BITS} at every evaluation to step {evaluated[-1]:,}", True
 
 
-def _runs_section(runs: Sequence[_Run]) -> Section:
+def _runs_section(runs: Sequence[_Run], *, plateau: bool = True) -> Section:
+    """The runs table; ``plateau``: with the column saying whether each HMM transformer run
+    left the plateau of the CPU HMM preset (the claims study's)."""
     rows: list[list[Any]] = []
     stuck: list[str] = []
     for run in runs:
@@ -396,11 +408,17 @@ def _runs_section(runs: Sequence[_Run]) -> Section:
         records = read_metrics(run.run_dir)
         wall = round(records[-1].get("elapsed_s", 0.0) / 60, 1) if records else None
         evals = [r["eval_mae_bits"] for r in records if "eval_mae_bits" in r]
-        plateau, never_left = _plateau_cell(config, records)
-        if never_left:
-            stuck.append(run.name)
-        rows.append([run.name, config.model_kind, config.train.steps, config.train.batch_size, wall,
-                     evals[-1] if evals else None, plateau])
+        row = [run.name, config.model_kind, config.train.steps, config.train.batch_size, wall, evals[-1] if evals else None]
+        if plateau:
+            cell, never_left = _plateau_cell(config, records)
+            row.append(cell)
+            if never_left:
+                stuck.append(run.name)
+        rows.append(row)
+    columns = ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits"]
+    caption = "Every training run (train minutes: the run's own clock, resumed runs counted from their last start)."
+    if not plateau:
+        return Section("Runs", "", tables=[Table(columns, rows, caption=caption)])
     text = (
         f"The HMM transformer first reads E but not T and sits on a plateau near 0.105 bits mae_bits; a run has "
         f"left it at its first held-out evaluation below {HMM_PLATEAU_EXIT_MAE_BITS}. "
@@ -409,12 +427,7 @@ def _runs_section(runs: Sequence[_Run]) -> Section:
         text += f"Never left the plateau: {', '.join(stuck)}. Their numbers are the plateau's, not a filter's."
     else:
         text += "Every HMM transformer run here left it."
-    table = Table(
-        ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits", "left the HMM plateau"],
-        rows,
-        caption="Every training run (train minutes: the run's own clock, resumed runs counted from their last start).",
-    )
-    return Section("Runs", text, tables=[table])
+    return Section("Runs", text, tables=[Table([*columns, "left the HMM plateau"], rows, caption=caption)])
 
 
 def build_report(out: Path) -> Path:
@@ -430,13 +443,51 @@ def build_report(out: Path) -> Path:
     if manifest.stage not in REPORTABLE_STAGES:
         raise ReportError(
             f"{str(out)!r} is an unfinished reproduction (stopped at stage {manifest.stage!r}): finish it with "
-            f"`windtunnel reproduce --scale {manifest.scale} --out {out} --resume`"
+            f"`{manifest.command} --resume`"
         )
     runs = [SavedRun.read(out, run) for run in manifest.runs]
     results = load_results(out)
+    if manifest.study == "architectures":
+        sections = primitive_sections(results, out / "analysis")
+        title = "Bayesian wind tunnels: which architecture realizes which inference primitive"
+        summary = (
+            f"The architecture-by-primitive table of the paper's later versions (arXiv 2512.22471 v3+) at "
+            f"{manifest.scale} scale: {len(runs)} training runs, each architecture capacity-matched to the transformer. "
+            "Each verdict applies the stated criterion to our numbers, beside the paper's verdict."
+        )
+    else:
+        sections = _claims_sections(out, results, manifest.scale)
+        title = "Bayesian wind tunnels: reproduction report"
+        summary = (
+            f"A reproduction of 'The Bayesian Geometry of Transformer Attention' (arXiv 2512.22471) at {manifest.scale} "
+            f"scale: {len(runs)} training runs, {sum(len(v) for v in results.values())} analyses. Numbers are "
+            f"{manifest.scale}-scale and are compared with the paper's in the claim table; 'holds?' applies the stated "
+            "criterion."
+        )
+    try:
+        sections.append(_runs_section(runs, plateau=manifest.study == "claims"))
+    except MetricsError as error:  # a damaged history (it names the file and line)
+        raise ReportError(str(error)) from None
+    scale = manifest.scale
+    cuts = "\n\n".join(manifest.cuts) if manifest.cuts else "Nothing: this is the paper's protocol."
+    sections.append(Section(f"What the {scale} scale cuts relative to the paper", cuts))
+    metadata = {
+        "scale": scale,
+        "command": manifest.command,
+        "wall time": f"{manifest.wall_s / 60:.1f} min",
+        "expects": manifest.hardware,
+        "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+    report = Report(title, summary, sections, metadata=metadata)
+    html_path, _ = write_report(report, out / "report")
+    return html_path
+
+
+def _claims_sections(out: Path, results: dict[str, dict[str, dict[str, Any]]], scale: str) -> list[Section]:
+    """The claims study's sections: the claim table, Table 1 and the paper's figures."""
     at_init = load_results(out, INIT_DIR)
     sections = [Section("Claims", "Each claim of the paper, the number it reports, ours, and the criterion that decides "
-                        "whether it holds here.", tables=[claims_table(results, at_init, manifest.scale)])]
+                        "whether it holds here.", tables=[claims_table(results, at_init, scale)])]
     sections.append(
         Section(
             "The paper's Table 1: error by model and horizon",
@@ -452,25 +503,4 @@ def build_report(out: Path) -> Path:
         ]
         if made:
             sections.append(Section(title, text, figures=made))
-    try:
-        sections.append(_runs_section(runs))
-    except MetricsError as error:  # a damaged history (it names the file and line)
-        raise ReportError(str(error)) from None
-    scale = manifest.scale
-    cuts = "\n\n".join(manifest.cuts) if manifest.cuts else "Nothing: this is the paper's protocol."
-    sections.append(Section(f"What the {scale} scale cuts relative to the paper", cuts))
-    summary = (
-        f"A reproduction of 'The Bayesian Geometry of Transformer Attention' (arXiv 2512.22471) at {scale} scale: "
-        f"{len(runs)} training runs, {sum(len(v) for v in results.values())} analyses. Numbers are {scale}-scale "
-        "and are compared with the paper's in the claim table; 'holds?' applies the stated criterion."
-    )
-    metadata = {
-        "scale": scale,
-        "command": manifest.command,
-        "wall time": f"{manifest.wall_s / 60:.1f} min",
-        "expects": manifest.hardware,
-        "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-    }
-    report = Report("Bayesian wind tunnels: reproduction report", summary, sections, metadata=metadata)
-    html_path, _ = write_report(report, out / "report")
-    return html_path
+    return sections

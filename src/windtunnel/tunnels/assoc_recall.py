@@ -77,6 +77,7 @@ class AssocRecallTunnel:
     """
 
     name: ClassVar[str] = "assoc_recall"
+    primitive: ClassVar[str] = "random-access binding"
 
     n_pairs: int = 8
     n_queries: int = 8

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Episode", "Tunnel"]
+__all__ = ["Episode", "Tunnel", "primitive_of"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,10 @@ class Tunnel(Protocol):
     """
 
     name: ClassVar[str]
+    #: The inference primitive the tunnel isolates (the paper's later versions: "belief
+    #: accumulation", "belief transport", "random-access binding"); optional, read with
+    #: :func:`primitive_of`, which gives None for a tunnel that names none.
+    primitive: ClassVar[str]
 
     @property
     def vocab_size(self) -> int:
@@ -107,3 +111,9 @@ class Tunnel(Protocol):
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> Episode:
         """Draw ``batch_size`` fresh hypotheses and one sequence from each."""
+
+
+def primitive_of(tunnel: object) -> str | None:
+    """The inference primitive ``tunnel`` declares (:attr:`Tunnel.primitive`), None if it names none."""
+    primitive = getattr(tunnel, "primitive", None)
+    return primitive if isinstance(primitive, str) else None

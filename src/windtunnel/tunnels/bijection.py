@@ -84,6 +84,7 @@ class BijectionTunnel:
     """
 
     name: ClassVar[str] = "bijection"
+    primitive: ClassVar[str] = "belief accumulation"
 
     V: int = 20
     L: int | None = None

@@ -107,6 +107,7 @@ class HMMTunnel:
     """
 
     name: ClassVar[str] = "hmm"
+    primitive: ClassVar[str] = "belief transport"
 
     S: int = 5
     M: int = 5

@@ -1,0 +1,211 @@
+"""The primitives table (`windtunnel reproduce --only architectures`): the verdict criterion
+passes and fails where it should, on stated numbers and on models whose answer is known; the
+study's presets keep one protocol per tunnel; and the tiny study runs end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+
+import pytest
+import torch
+
+from windtunnel.cli import main
+from windtunnel.evaluation import EvalSet, evaluate
+from windtunnel.report.primitives import (
+    FAILS,
+    PAPER,
+    PRIMITIVES,
+    REALIZES,
+    cell_verdict,
+    gap_closed,
+    primitive_cells,
+    primitive_verdict,
+)
+from windtunnel.runs import build_run_model
+from windtunnel.reproduce import ARCHITECTURES, PRIMITIVE_TUNNELS, STUDIES, plan_analyses, plan_runs
+from windtunnel.tunnels.base import primitive_of
+
+
+# --- the criterion on stated numbers -------------------------------------------------------
+
+
+def test_gap_closed_is_one_at_bayes_zero_at_the_prior_and_negative_past_it():
+    assert gap_closed(0.0, 0.4) == 1.0 and gap_closed(0.4, 0.4) == 0.0 and gap_closed(0.8, 0.4) == -1.0
+    with pytest.raises(ValueError, match="prior's error must be positive"):
+        gap_closed(0.1, 0.0)
+
+
+@pytest.mark.parametrize(
+    "mae, kl, expected",
+    [
+        (0.0, 0.0, "realizes"),  # the exact posterior
+        (0.024, 0.02, "realizes"),  # the paper's Mamba on the HMM (prior 0.40): 94% of the gap
+        (0.4 * (1 - REALIZES), 0.01, "realizes"),  # exactly at the threshold
+        (0.4 * (1 - REALIZES) + 1e-9, 0.01, "partly"),  # just past it
+        (0.1, 0.05, "partly"),  # 75% of the gap
+        (0.4 * (1 - FAILS), 0.4 * (1 - FAILS), "partly"),  # exactly at the failure line
+        (0.4, 0.4, "fails"),  # the prior itself: a model that reads no context
+        (0.0, 0.4, "fails"),  # the right entropy from the wrong distribution (a wrong point mass)
+        (0.5, 0.0, "fails"),  # worse than the prior on the paper's metric
+    ],
+)
+def test_a_cell_realizes_only_when_both_metrics_close_the_gap(mae, kl, expected):
+    assert cell_verdict(mae, kl, 0.4, 0.4) == expected
+
+
+def test_a_primitive_takes_its_worst_tunnel_and_the_paper_has_every_cell():
+    assert primitive_verdict(["realizes", "realizes"]) == "realizes"
+    assert primitive_verdict(["realizes", "partly"]) == "partly"
+    assert primitive_verdict(["fails", "realizes"]) == "fails"
+    with pytest.raises(ValueError):
+        primitive_verdict([])
+    assert set(PAPER) == {(a, p) for a in ARCHITECTURES for p in PRIMITIVES}
+    # The v3 abstract: the transformer realizes all three, the MLP none, the LSTM accumulation only.
+    assert all(PAPER["transformer", p].verdict == "realizes" for p in PRIMITIVES)
+    assert all(PAPER["mlp", p].verdict == "fails" for p in PRIMITIVES)
+    assert [PAPER["lstm", p].verdict for p in PRIMITIVES] == ["realizes", "fails", "fails"]
+    assert [PAPER["mamba", p].verdict for p in PRIMITIVES] == ["realizes", "realizes", "partly"]
+
+
+# --- the criterion on predictors whose answer is known -------------------------------------
+
+
+def _comparison(tunnel, predictors: dict, n: int = 512) -> dict:
+    """A saved model_comparison result, as the analysis writes it, for predictors scored by
+    `evaluate` on held-out episodes of `tunnel` (one run each, with bootstrap intervals)."""
+    eval_set = EvalSet.draw(tunnel, horizon=tunnel.horizon, n=n, batch_size=n, seed=7)
+    models = {}
+    for name, predictor in predictors.items():
+        scores = evaluate(predictor, eval_set, tunnel=tunnel, bootstrap=200, seed=0)
+        row = {m: {"median": scores[m], "min": scores[m], "max": scores[m]} for m in ("mae_bits", "kl_bits")}
+        row["per_run"] = [{m: scores[m] for m in ("mae_bits", "kl_bits")} | {f"{m}_ci": scores[f"{m}_ci"] for m in ("mae_bits", "kl_bits")}]
+        row["prior"] = {m: scores["prior"][m] for m in ("mae_bits", "kl_bits")}
+        models[name] = {"n_runs": 1, "n_parameters": 0, "horizons": {str(tunnel.horizon): row}}
+    return {"training_horizon": tunnel.horizon, "models": models, "primitive": primitive_of(tunnel), "tunnel": {"name": tunnel.name}}
+
+
+@pytest.mark.parametrize("config", ["bijection", "hmm", "assoc_recall"])
+def test_the_exact_posterior_realizes_and_the_context_free_prior_fails(config):
+    """Oracles from outside the criterion: the exact posterior the tunnel computes (float64,
+    brute-force-checked in each tunnel's tests) must realize the primitive; the posterior
+    averaged over every sequence at each position (what a model that reads no context can
+    best do) must fail it."""
+    from windtunnel.run_config import run_config_from_mapping
+
+    tunnel = run_config_from_mapping({"tunnel": {"name": config}, "model": {"kind": "transformer"}}).tunnel
+    mean_posterior = tunnel.sample(4096, generator=torch.Generator().manual_seed(1)).posterior.mean(0)  # [P, C]
+
+    def exact(episode):
+        return episode.posterior
+
+    def context_free(episode):
+        return mean_posterior.expand_as(episode.posterior)
+
+    prior, cells = primitive_cells(_comparison(tunnel, {"mlp": context_free, "transformer": exact}))
+    verdicts = {cell.architecture: cell.verdict for cell in cells}
+    assert [cell.architecture for cell in cells] == ["transformer", "mlp"]  # the paper's order
+    assert verdicts == {"transformer": "realizes", "mlp": "fails"}
+    assert cells[0].interval == "95% bootstrap" and cells[0].mae_range[0] <= cells[0].mae_bits <= cells[0].mae_range[1]
+
+
+# --- the study's plan ------------------------------------------------------------------------
+
+
+def _n_parameters(config) -> int:
+    return sum(p.numel() for p in build_run_model(config).parameters())
+
+
+def test_the_cpu_study_trains_every_architecture_on_every_tunnel_under_one_protocol(tmp_path):
+    study = STUDIES["architectures"]
+    jobs = plan_runs(study.scales["cpu"], tmp_path, study.presets)
+    configs = {job.preset: job.resolved() for job in jobs}
+    assert set(configs) == {f"{t}_{a}" for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES}
+    for tunnel in PRIMITIVE_TUNNELS:
+        reference = configs[f"{tunnel}_transformer"]
+        n_reference = _n_parameters(reference)
+        for family in ARCHITECTURES[1:]:
+            config = configs[f"{tunnel}_{family}"]
+            assert (config.tunnel, config.train, config.eval) == (reference.tunnel, reference.train, reference.eval)
+            assert config.model.matched_to == reference.model and config.model.d_model == reference.model.d_model
+            n = _n_parameters(config)
+            assert abs(n - n_reference) <= 0.01 * n_reference, (tunnel, family, n, n_reference)
+    primitives = {primitive_of(configs[f"{t}_transformer"].tunnel) for t in PRIMITIVE_TUNNELS}
+    assert primitives == set(PRIMITIVES)
+    sizes = [configs[f"{t}_transformer"].tunnel.n_pairs for t in PRIMITIVE_TUNNELS if t.startswith("recall")]
+    assert len(sizes) == 2 and sizes[0] < sizes[1]
+    assert [group.name for group, _ in plan_analyses(jobs, study.groups)] == list(PRIMITIVE_TUNNELS)
+
+
+def test_an_unknown_study_or_a_scale_it_lacks_is_one_line_and_writes_nothing(tmp_path, capsys):
+    assert main(["reproduce", "--only", "everything", "--out", str(tmp_path / "a")]) == 2
+    assert "unknown --only 'everything'; choose from: claims, architectures" in capsys.readouterr().err
+    assert main(["reproduce", "--scale", "paper", "--only", "architectures", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "--only architectures has no --scale paper" in err and "choose from: tiny, cpu" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- end to end at the tiny scale ------------------------------------------------------------
+
+
+class _Rows(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.headings: list[str] = []
+        self._cell: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        if tag in ("td", "th", "h2"):
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append(self._cell.strip())
+        if tag == "h2" and self._cell is not None:
+            self.headings.append(self._cell.strip())
+        self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+@pytest.mark.slow
+def test_the_tiny_study_trains_compares_and_reports_every_architecture_on_every_primitive(tmp_path, capsys):
+    out = tmp_path / "arch"
+    assert main(["reproduce", "--scale", "tiny", "--only", "architectures", "--out", str(out)]) == 0
+    manifest = json.loads((out / "reproduce.json").read_text())
+    assert (manifest["study"], manifest["scale"], manifest["stage"]) == ("architectures", "tiny", "done")
+    assert manifest["command"] == f"windtunnel reproduce --scale tiny --only architectures --out {out}"
+    for tunnel in PRIMITIVE_TUNNELS:
+        result = json.loads((out / "analysis" / tunnel / "model_comparison.json").read_text())
+        assert list(result["models"]) == list(ARCHITECTURES) and result["primitive"] in PRIMITIVES
+        assert all(model["n_parameters"] > 0 for model in result["models"].values())
+    page = _Rows()
+    page.feed((out / "report" / "index.html").read_text())
+    assert page.headings[1:4] == ["Which architecture realizes which primitive", "The numbers per tunnel", "Per-position curves"]
+    verdicts = next(i for i, row in enumerate(page.rows) if row[:1] == ["architecture"])
+    assert page.rows[verdicts] == ["architecture", *PRIMITIVES]
+    body = page.rows[verdicts + 1: verdicts + 1 + len(ARCHITECTURES)]
+    assert [row[0] for row in body] == list(ARCHITECTURES)
+    assert all("/ paper: " in cell for row in body for cell in row[1:])
+    # The MLP sees one token: at a query it cannot know what was stored, so it fails binding
+    # whatever it learned (its best is the context-free prior).
+    assert body[-1][3].startswith("fails")
+
+    # Resuming as the other study, and a rebuild from the saved folder alone.
+    assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--resume"]) == 2
+    assert "holds a reproduction of --only architectures, not claims" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("*.safetensors", "report", ".lock"))
+    assert main(["report", str(copy)]) == 0
+    written = re.compile(r"^- \*\*written:\*\* .*$", re.M)  # the one line that says when it was written
+    original, rebuilt = ((folder / "report" / "report.md").read_text() for folder in (out, copy))
+    assert written.sub("", rebuilt) == written.sub("", original)
+    assert "recall" in original and "context-free prior" in original
