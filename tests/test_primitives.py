@@ -121,7 +121,9 @@ def _n_parameters(config) -> int:
 def test_the_cpu_study_trains_every_architecture_on_every_tunnel_under_one_protocol(tmp_path):
     study = STUDIES["architectures"]
     jobs = plan_runs(study.scales["cpu"], tmp_path, study.presets)
-    configs = {job.preset: job.resolved() for job in jobs}
+    configs = {job.preset: job.resolved() for job in jobs if job.name.endswith("_seed0")}
+    seeds = {job.name.rsplit("_seed", 1)[1] for job in jobs if job.preset == "hmm_transformer"}
+    assert seeds == {"0", "1", "2"} and [job.preset for job in jobs].count("hmm_mamba") == 1
     assert set(configs) == {f"{t}_{a}" for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES}
     for tunnel in PRIMITIVE_TUNNELS:
         reference = configs[f"{tunnel}_transformer"]
@@ -198,6 +200,11 @@ def test_the_tiny_study_trains_compares_and_reports_every_architecture_on_every_
     # The MLP sees one token: at a query it cannot know what was stored, so it fails binding
     # whatever it learned (its best is the context-free prior).
     assert body[-1][3].startswith("fails")
+    numbers = next(i for i, row in enumerate(page.rows) if row[:3] == ["primitive", "tunnel", "architecture"])
+    model_rows = [row for row in page.rows[numbers + 1:] if len(row) == 7 and row[2] in ARCHITECTURES]
+    assert len(model_rows) == len(PRIMITIVE_TUNNELS) * len(ARCHITECTURES)
+    # Random initial weights realize nothing: the criterion fails every one of them.
+    assert all(row[5].startswith("fails") for row in model_rows), [row[5] for row in model_rows]
 
     # Resuming as the other study, and a rebuild from the saved folder alone.
     assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--resume"]) == 2

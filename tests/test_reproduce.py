@@ -221,3 +221,42 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     floored = {name for name in configs if name.endswith("floor_seed0")}
     assert floored == ({"hmm_mlp_floor_seed0"} if scale == "cpu" else
                        {"hmm_transformer_floor_seed0", "hmm_mlp_floor_seed0", "hmm_late_attention_off_floor_seed0"})
+
+
+def test_a_scale_with_a_warmup_states_each_runs_measured_time_before_training(tmp_path, monkeypatch):
+    """Issue 15: `--scale paper` projects each run's time from steps timed on the device it
+    found, before anything trains (here the tiny scale given the paper's warm-up, and the
+    training stage stopped where it would start); the projection is the steps over the
+    measured rate, and the runs are packed by it."""
+    import dataclasses
+
+    import windtunnel.reproduce as reproduce_module
+
+    assert SCALES["paper"].warmup_steps >= 3
+    monkeypatch.setitem(SCALES, "tiny", dataclasses.replace(SCALES["tiny"], warmup_steps=4))
+    planned = {}
+
+    class Stop(Exception):
+        pass
+
+    def stop_before_training(jobs, **kwargs):
+        planned.update({job.name: job for job in jobs})
+        raise Stop
+
+    monkeypatch.setattr(reproduce_module, "run_jobs", stop_before_training)
+    lines: list[str] = []
+    with pytest.raises(Stop):
+        reproduce_module.reproduce("tiny", tmp_path / "out", report=lines.append)
+    measured = [line for line in lines if line.startswith("[reproduce] measured ")]
+    presets = {job.preset for job in planned.values()}
+    assert {line.split()[2].rstrip(":") for line in measured} == presets  # one warm-up per preset, seeds share it
+    assert lines.index(measured[-1]) < next(i for i, line in enumerate(lines) if "stage 1/3" in line)
+    for line in measured:
+        preset, rate = line.split()[2].rstrip(":"), float(line.split()[3])
+        job = next(job for job in planned.values() if job.preset == preset)
+        # The line prints the rate to 2 decimals (at least 1 step/s here): within 1% of the projection.
+        assert rate > 0 and job.expected_s == pytest.approx(job.resolved().train.steps / rate, rel=0.01)
+        assert "steps/s on cpu" in line and f"for its {job.resolved().train.steps:,} steps" in line
+    expected = [job.expected_s for job in planned.values()]
+    assert expected == sorted(expected, reverse=True)  # longest first, by the measurement
+    assert not list((tmp_path / "out" / "runs").glob("*/metrics.jsonl"))  # the warm-ups wrote nothing there

@@ -117,6 +117,9 @@ class TrainConfig:
             for the training-dynamics analyses), plus step 0 and the last step.
         device: ``auto`` (CUDA if present), ``cpu`` or ``cuda``.
         bf16: bfloat16 autocast on CUDA (ignored on CPU).
+        fused_adamw: AdamW's fused kernel (one kernel for every parameter) instead of its
+            ``foreach`` implementation; None (default): fused on CUDA, foreach elsewhere, so a
+            CPU run's trajectory is unchanged. The same update up to float rounding.
         compile: run the training forward and backward through ``torch.compile`` (static
             shapes). Resume stays exact to the step and bit-identical among compiled runs;
             a compiled run's floating-point path differs from an uncompiled one's, so its
@@ -148,6 +151,7 @@ class TrainConfig:
     snapshots_per_decade: int = 4
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
+    fused_adamw: bool | None = None
     compile: bool = False
     supervised_only: bool = True
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)

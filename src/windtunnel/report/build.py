@@ -448,7 +448,7 @@ def build_report(out: Path) -> Path:
     runs = [SavedRun.read(out, run) for run in manifest.runs]
     results = load_results(out)
     if manifest.study == "architectures":
-        sections = primitive_sections(results, out / "analysis")
+        sections = primitive_sections(results, out / "analysis", load_results(out, INIT_DIR))
         title = "Bayesian wind tunnels: which architecture realizes which inference primitive"
         summary = (
             f"The architecture-by-primitive table of the paper's later versions (arXiv 2512.22471 v3+) at "

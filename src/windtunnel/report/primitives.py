@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from windtunnel.report.html import Figure, Section, Table
@@ -173,11 +174,17 @@ def _cell_text(cell: PrimitiveCell) -> str:
     )
 
 
-def primitive_sections(results: dict[str, dict[str, dict[str, Any]]], analysis_dir: Any) -> list[Section]:
+def primitive_sections(
+    results: dict[str, dict[str, dict[str, Any]]],
+    analysis_dir: Path,
+    at_init: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> list[Section]:
     """The report's sections for an architectures study: the verdict table (ours beside the
     paper's), the numbers per tunnel with intervals and parameter counts, and each tunnel's
     per-position curves. ``results`` is ``{group: {analysis: result}}``; ``analysis_dir`` the
-    folder holding ``<group>/model_comparison.png``."""
+    folder holding ``<group>/model_comparison.png``; ``at_init`` the same analyses of the
+    runs' initial weights, whose verdicts are shown beside (random init must realize nothing)."""
+    at_init = at_init or {}
     tunnels = []  # (primitive, group, tunnel label, prior, cells)
     for group, analyses in results.items():
         comparison = analyses.get("model_comparison")
@@ -212,19 +219,24 @@ def primitive_sections(results: dict[str, dict[str, dict[str, Any]]], analysis_d
     )
 
     number_rows = []
-    for primitive, _, label, prior, cells in tunnels:
+    for primitive, group, label, prior, cells in tunnels:
+        initial = at_init.get(group, {}).get("model_comparison")
+        init_cells = {c.architecture: c for c in primitive_cells(initial)[1]} if initial else {}
         for cell in cells:
             paper = PAPER.get((cell.architecture, primitive))
+            init = init_cells.get(cell.architecture)
+            init_text = f"{init.verdict} ({round(init.closed, 2) + 0.0:.0%})" if init else None
             number_rows.append([primitive, label, cell.architecture, f"{cell.n_parameters:,}", _cell_text(cell),
-                                paper.number if paper else None])
+                                init_text, paper.number if paper else None])
         number_rows.append([primitive, label, "context-free prior", None,
-                            f"mae {prior['mae_bits']:.3g}, kl {prior['kl_bits']:.3g}", None])
+                            f"mae {prior['mae_bits']:.3g}, kl {prior['kl_bits']:.3g}", None, None])
     numbers_table = Table(
         ["primitive", "tunnel", "architecture", "parameters", "ours: verdict, bits (interval), share of the gap closed",
-         "the paper's number"],
+         "its initial weights: verdict (share of the gap)", "the paper's number"],
         number_rows,
         caption="Bits from the exact posterior at the training horizon: the median over seeds with the smallest and "
-        "largest seed in brackets, or with one seed the run's 95% bootstrap interval over held-out sequences.",
+        "largest seed in brackets, or with one seed the run's 95% bootstrap interval over held-out sequences. The "
+        "same criterion applied to each model's initial weights (step 0) must not pass.",
     )
     figures = [
         Figure(analysis_dir / group / "model_comparison.png", f"{primitive}: {label}",

@@ -88,7 +88,7 @@ def data_seed(seed: int, rank: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # non-negative int64
 
 
-def _optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
+def _optimizer(model: nn.Module, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains,
     nor on a parameter its module marks ``_no_weight_decay`` (Mamba's A_log: the published
     recipe keeps the state decay rates out of weight decay)."""
@@ -97,7 +97,8 @@ def _optimizer(model: nn.Module, config: RunConfig) -> torch.optim.AdamW:
     no_decay = [p for p, d in zip(model.parameters(), decayed) if not d]
     t = config.train
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8)
+    fused = device.type == "cuda" if t.fused_adamw is None else t.fused_adamw
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=fused or None)
 
 
 def _loss(logits: torch.Tensor, episode: Episode, target: str) -> torch.Tensor:
@@ -272,7 +273,7 @@ def _train(
     eval_set = EvalSet.draw(tunnel, horizon=tunnel.horizon, n=config.eval.n, batch_size=config.eval.batch_size, seed=config.eval.seed) if dist.is_main else None
 
     model = build_run_model(config)
-    optimizer = _optimizer(model, config)
+    optimizer = _optimizer(model, config, device)
     start = 0
     if resume:
         # A run that died before its first checkpoint starts again from step 0 in place: its
@@ -316,7 +317,32 @@ def _train(
     last_mae: float | None = None
     started = time.perf_counter()
     interval_start, interval_steps = time.perf_counter(), 0
+    # The step reads nothing back from the device: whether a loss was not finite is kept there
+    # (the first such step, 0 for none) and read at the next boundary (a log, an evaluation, a
+    # checkpoint, a snapshot, the end), before anything is written, so a diverged model is never
+    # saved and the message still names the first bad step.
+    first_bad_step = torch.zeros((), dtype=torch.long, device=device)
+    first_bad_loss = torch.zeros((), device=device)
     step = start
+
+    def read_back(step: int, loss_value: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """At a boundary: the loss (the mean over ranks), and whether to stop; raises on a
+        non-finite loss since the last boundary. The one place the loop waits for the device."""
+        # One collective carries the loss, any pending Ctrl-C and any divergence, so every
+        # rank agrees on the step at which to stop.
+        flags = torch.stack([loss_value, torch.tensor(float(interrupt.requested), device=device), (first_bad_step > 0).float()])
+        mean_loss, stop, diverged = dist.mean(flags).tolist()
+        if diverged > 0:
+            # Under DDP another rank may have diverged first: this rank then names the boundary.
+            bad, value = int(first_bad_step.item()), first_bad_loss.item()
+            saved = read_resume_step(run_dir)
+            kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
+            raise TrainingDiverged(
+                f"loss became {value if bad else mean_loss} at step {bad or step}; {kept} "
+                "(lower train.lr or keep train.grad_clip > 0)"
+            )
+        return torch.tensor(mean_loss), stop > 0
+
     while step < t.steps:
         lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
         for group in optimizer.param_groups:
@@ -329,15 +355,10 @@ def _train(
             else:
                 logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
         loss = _loss(logits, episode, t.target)
-        # One collective per step carries the loss and any pending Ctrl-C, so every rank
-        # agrees on divergence and on the step at which to stop.
-        loss_value, stop = dist.mean(torch.stack([loss.detach().float(), torch.tensor(float(interrupt.requested), device=loss.device)]))
-        if not torch.isfinite(loss_value):
-            saved = read_resume_step(run_dir)
-            kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
-            raise TrainingDiverged(
-                f"loss became {loss_value.item()} at step {step + 1}; {kept} (lower train.lr or keep train.grad_clip > 0)"
-            )
+        loss_value = loss.detach().float()
+        first_bad = (first_bad_step == 0) & ~torch.isfinite(loss_value)
+        first_bad_step = torch.where(first_bad, step + 1, first_bad_step)
+        first_bad_loss = torch.where(first_bad, loss_value, first_bad_loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
@@ -345,33 +366,46 @@ def _train(
         step += 1
         interval_steps += 1
 
+        # Every rank reaches the same boundaries (the collective in read_back needs them all).
+        logs = step % t.log_every == 0 or step == t.steps
+        evaluates = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
+        checkpoints = bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps
+        # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
+        # agree on it at the next boundary.
+        asked_to_stop = interrupt.requested and not dist.enabled
+        if not (logs or evaluates or checkpoints or step in snapshots or asked_to_stop):
+            bar.update(step, loss_value, last_mae)
+            if on_step is not None:
+                on_step(step)
+            continue
+        mean_loss, stop = read_back(step, loss_value)
         record: dict[str, Any] | None = None
-        if step % t.log_every == 0 or step == t.steps:
+        if logs:
             now = time.perf_counter()
             record = {
                 "step": step,
-                "loss": loss_value.item(),
+                "loss": mean_loss.item(),
                 "lr": lr,
                 "grad_norm": grad_norm.item(),
                 "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
                 "elapsed_s": now - started,
             }
             interval_start, interval_steps = now, 0
-        if dist.is_main and ((t.eval_every and step % t.eval_every == 0) or step == t.steps):
+        if evaluates and dist.is_main:
             scores = run_eval()
             last_mae = scores["mae_bits"]
             latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
-            record = {**(record or {"step": step, "loss": loss_value.item(), "lr": lr}), **latest}
+            record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **latest}
         if dist.is_main and record is not None:
             _append_metrics(run_dir, record)
-        if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps:
+        if checkpoints:
             save_state(step, latest)
         if dist.is_main and step in snapshots:
             save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-        bar.update(step, loss_value, last_mae, force=step == t.steps)
+        bar.update(step, mean_loss, last_mae, force=step == t.steps)
         if on_step is not None:
             on_step(step)
-        if stop > 0 and step < t.steps:
+        if stop and step < t.steps:
             bar.close()
             save_state(step, latest)
             raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")

@@ -1,0 +1,140 @@
+"""Per-step cost of the paper-shape models on each device present: the plain step against every optimization.
+
+    python bench/step.py [--steps 20] [--presets bijection_transformer hmm_transformer]
+                         [--variants plain compile ...] [--devices cpu cuda] [--threads N]
+
+For each device (the CPU, and CUDA where torch sees one) and each preset of
+``configs/paper``, the trainer itself (:func:`windtunnel.training.trainer.train`: sampling,
+forward, loss, backward, clipping, AdamW, logging) runs ``--steps`` steps in each variant:
+
+- ``plain``: the default step (only what the supervised positions need is computed);
+- ``full_forward``: every position computed, then the supervised ones taken (the step
+  before ``train.supervised_only``), the unoptimized reference;
+- ``compile``: the plain step through ``torch.compile`` (static shapes);
+- ``bf16`` and ``compile_bf16``: bfloat16 autocast, without and with compilation (CUDA only:
+  the trainer ignores bf16 on a CPU, so it is not measured there).
+
+Steps/s come from the trainer's own ``metrics.jsonl`` intervals, the first one (compilation,
+warm-up) left out; evaluation is cut to 64 sequences at the end, outside the timed intervals.
+The FLOPs of one plain step (forward and backward) are counted by PyTorch's own
+``torch.utils.flop_counter.FlopCounterMode``; achieved FLOP/s is that count times steps/s.
+The data share is the wall time of drawing one batch as the trainer draws it (the tunnel's
+sampler on the host, then the copy to the device) over the wall time of one plain step.
+
+Prints one JSON object: per device and preset each variant's steps/s, FLOP/s and projected
+minutes for the preset's full step count, and each variant's ratio to ``plain`` measured in
+the same run. It measures; it asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from windtunnel.run_config import RunConfig, load_run_config
+from windtunnel.runs import build_run_model
+from windtunnel.training.trainer import train
+
+from train_throughput import cpu_model  # bench/ is the script's folder: the processor's name, as the other benchmarks give it
+
+PRESETS = Path(__file__).resolve().parents[1] / "configs" / "paper"
+VARIANTS = {
+    "plain": [],
+    "full_forward": ["train.supervised_only=false"],
+    "compile": ["train.compile=true"],
+    "bf16": ["train.bf16=true"],
+    "compile_bf16": ["train.compile=true", "train.bf16=true"],
+}
+CUDA_ONLY = ("bf16", "compile_bf16")
+
+
+def devices_present() -> list[str]:
+    return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def steps_per_s(config: RunConfig) -> float:
+    """Median steps/s of one short training run's logged intervals after the first."""
+    with tempfile.TemporaryDirectory() as folder:
+        train(config, Path(folder) / "run", progress=False)
+        records = [json.loads(line) for line in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["seq_per_s"] / config.train.batch_size for r in records if "seq_per_s" in r][1:]
+    if not rates:
+        raise SystemExit("bench/step.py: no timed interval after the first: raise --steps (at least 3)")
+    return statistics.median(rates)
+
+
+def step_flops(config: RunConfig, device: str) -> int:
+    """FLOPs of one plain training step's forward and backward, counted by FlopCounterMode."""
+    model = build_run_model(config).to(device)
+    episode = config.training_tunnel(0).sample(config.train.batch_size, generator=torch.Generator().manual_seed(0)).to(device)
+    with FlopCounterMode(display=False) as counter:
+        logits = model(episode.tokens, at=episode.positions)
+        F.cross_entropy(logits.flatten(0, 1), episode.targets.flatten()).backward()
+    return counter.get_total_flops()
+
+
+def data_seconds(config: RunConfig, device: str, repeats: int) -> float:
+    """Median wall seconds to draw one training batch and move it to ``device``."""
+    times = []
+    tunnel = config.training_tunnel(0)
+    for i in range(repeats):
+        start = time.perf_counter()
+        episode = tunnel.sample(config.train.batch_size, generator=torch.Generator().manual_seed(i)).to(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        del episode
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps per measured run (default 20; at least 3)")
+    parser.add_argument("--presets", nargs="*", default=["bijection_transformer", "hmm_transformer"])
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--devices", nargs="*", default=devices_present(), choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads (default: all)")
+    args = parser.parse_args()
+    if "cuda" in args.devices and not torch.cuda.is_available():
+        raise SystemExit("bench/step.py: --devices cuda, but torch sees no CUDA device")
+    if "plain" not in args.variants:
+        args.variants.insert(0, "plain")  # every ratio is to the plain step of the same run
+    torch.set_num_threads(args.threads)
+    log_every = max(1, args.steps // 4)
+
+    results: dict[str, dict] = {}
+    for device in args.devices:
+        for preset in args.presets:
+            base = [f"train.device={device}", f"train.steps={args.steps}", f"train.log_every={log_every}", "train.eval_every=0",
+                    "train.checkpoint_every=0", "train.snapshots_per_decade=0", "eval.n=64"]
+            config = load_run_config(PRESETS / f"{preset}.toml", base)
+            total_steps = load_run_config(PRESETS / f"{preset}.toml").train.steps
+            flops = step_flops(config, device)
+            entry: dict = {"steps": total_steps, "flops_per_step": flops}
+            for variant in args.variants:
+                if variant in CUDA_ONLY and device != "cuda":
+                    continue
+                rate = steps_per_s(load_run_config(PRESETS / f"{preset}.toml", [*base, *VARIANTS[variant]]))
+                entry[variant] = {
+                    "steps_per_s": round(rate, 3),
+                    "flop_per_s": float(f"{flops * rate:.4g}"),
+                    "projected_run_min": round(total_steps / rate / 60, 1),
+                }
+            plain = entry["plain"]["steps_per_s"]
+            entry["over_plain"] = {v: round(entry[v]["steps_per_s"] / plain, 3) for v in args.variants if v in entry and v != "plain"}
+            entry["data_share_of_plain_step"] = round(data_seconds(config, device, repeats=max(3, args.steps)) * plain, 4)
+            results.setdefault(device, {})[preset] = entry
+    print(json.dumps({"cpu": cpu_model(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                      "torch": torch.__version__, "threads": args.threads, "steps_per_run": args.steps, "devices": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
