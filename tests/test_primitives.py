@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 from html.parser import HTMLParser
 
 import pytest
@@ -22,6 +23,7 @@ from windtunnel.report.primitives import (
     cell_verdict,
     gap_closed,
     primitive_cells,
+    primitive_sections,
     primitive_verdict,
 )
 from windtunnel.runs import build_run_model
@@ -68,6 +70,30 @@ def test_a_primitive_takes_its_worst_tunnel_and_the_paper_has_every_cell():
     assert all(PAPER["mlp", p].verdict == "fails" for p in PRIMITIVES)
     assert [PAPER["lstm", p].verdict for p in PRIMITIVES] == ["realizes", "fails", "fails"]
     assert [PAPER["mamba", p].verdict for p in PRIMITIVES] == ["realizes", "realizes", "partly"]
+
+
+def test_a_cell_decided_on_the_median_says_when_its_seeds_disagree():
+    """Three seeds, two of which learned the lookup and one of which never did: the median
+    realizes the primitive, and the cell (and the verdict table) says the seeds split."""
+
+    def stats(values):
+        ordered = sorted(values)
+        return {"median": ordered[1], "min": ordered[0], "max": ordered[2]}
+
+    maes, kls = [0.25, 0.26, 3.07], [0.18, 0.22, 3.06]
+    row = {"mae_bits": stats(maes), "kl_bits": stats(kls), "prior": {"mae_bits": 3.25, "kl_bits": 3.25},
+           "per_run": [{"mae_bits": m, "kl_bits": k} for m, k in zip(maes, kls)]}
+    comparison = {"training_horizon": 4, "primitive": "random-access binding", "tunnel": {"name": "assoc_recall", "n_pairs": 8},
+                  "models": {"transformer": {"n_runs": 3, "n_parameters": 10, "horizons": {"4": row}}}}
+    _, (cell,) = primitive_cells(comparison)
+    assert (cell.verdict, cell.seed_verdicts, cell.seeds_split) == ("realizes", ("realizes", "realizes", "fails"), "2 realize, 1 fails")
+    assert (cell.interval, cell.mae_range) == ("seeds", (0.25, 3.07))
+    verdicts, numbers, _ = primitive_sections({"recall8": {"model_comparison": comparison}}, Path("/nonexistent"))
+    assert verdicts.tables[0].rows[0][3] == "realizes (seeds split on assoc_recall (n_pairs = 8): 2 realize, 1 fails) / paper: realizes (agrees)"
+    assert "3 seeds, which split: 2 realize, 1 fails" in numbers.tables[0].rows[0][4]
+    unanimous = dict(row, per_run=row["per_run"][:2], mae_bits=stats([0.25, 0.25, 0.26]))
+    _, (cell,) = primitive_cells(dict(comparison, models={"transformer": {"n_runs": 2, "n_parameters": 10, "horizons": {"4": unanimous}}}))
+    assert cell.seeds_split == ""
 
 
 # --- the criterion on predictors whose answer is known -------------------------------------

@@ -119,7 +119,8 @@ def test_the_manifest_lists_the_scale_and_every_run(tiny):
     """reproduce.json holds what the report needs besides the runs' and analyses' own files."""
     manifest = json.loads((tiny / "reproduce.json").read_text())
     scale = SCALES["tiny"]
-    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs"}
+    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs", "study"}
+    assert manifest["study"] == "claims"
     assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
     assert manifest["cuts"] == list(scale.cuts) and manifest["wall_s"] > 0
     assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {tiny}"
@@ -157,7 +158,8 @@ def test_the_report_imports_nothing_of_the_reproduction():
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     ours = {name for name in names if name.startswith("windtunnel")}
-    assert ours == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims", "windtunnel.report.html"}
+    assert ours == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims", "windtunnel.report.html",
+                    "windtunnel.report.primitives"}
 
 
 def test_the_report_renders_in_a_real_browser(tiny, tmp_path):

@@ -117,6 +117,7 @@ class PrimitiveCell:
         interval: what the ranges are (``"seeds"`` or ``"95% bootstrap"``).
         closed: the fraction of the prior's gap closed (the smaller of the two metrics').
         verdict: :func:`cell_verdict` of the medians.
+        seed_verdicts: :func:`cell_verdict` of each seed's run, in seed order.
     """
 
     architecture: str
@@ -129,6 +130,16 @@ class PrimitiveCell:
     interval: str
     closed: float
     verdict: str
+    seed_verdicts: tuple[str, ...] = ()
+
+    @property
+    def seeds_split(self) -> str:
+        """How the seeds' own verdicts split where they disagree (``"2 realize, 1 fails"``), else ""."""
+        counts = {v: self.seed_verdicts.count(v) for v in VERDICTS if v in self.seed_verdicts}
+        if len(counts) < 2:
+            return ""
+        plural = {"realizes": "realize", "partly": "partly", "fails": "fail"}
+        return ", ".join(f"{n} {plural[v] if n > 1 else v}" for v, n in counts.items())
 
 
 def _range(stats: dict[str, Any], per_run: list[dict[str, Any]], metric: str) -> tuple[tuple[float, float], str]:
@@ -153,7 +164,10 @@ def primitive_cells(comparison: dict[str, Any]) -> tuple[dict[str, float], list[
         kl_range, _ = _range(row["kl_bits"], row["per_run"], "kl_bits")
         closed = min(gap_closed(mae, prior["mae_bits"]), gap_closed(kl, prior["kl_bits"]))
         verdict = cell_verdict(mae, kl, prior["mae_bits"], prior["kl_bits"])
-        cells.append(PrimitiveCell(name, model["n_runs"], model["n_parameters"], mae, kl, mae_range, kl_range, interval, closed, verdict))
+        seeds = tuple(cell_verdict(run["mae_bits"], run["kl_bits"], prior["mae_bits"], prior["kl_bits"]) for run in row["per_run"])
+        cells.append(
+            PrimitiveCell(name, model["n_runs"], model["n_parameters"], mae, kl, mae_range, kl_range, interval, closed, verdict, seeds)
+        )
     order = {name: i for i, name in enumerate(ARCHITECTURE_ORDER)}
     cells.sort(key=lambda cell: order.get(cell.architecture, len(order)))
     return prior, cells
@@ -168,6 +182,8 @@ def _tunnel_label(tunnel: dict[str, Any]) -> str:
 
 def _cell_text(cell: PrimitiveCell) -> str:
     seeds = f"{cell.n_runs} seeds" if cell.n_runs > 1 else "1 seed"
+    if cell.seeds_split:
+        seeds += f", which split: {cell.seeds_split}"
     return (
         f"{cell.verdict}: mae {cell.mae_bits:.3g} [{cell.mae_range[0]:.3g}, {cell.mae_range[1]:.3g}], "
         f"kl {cell.kl_bits:.3g} [{cell.kl_range[0]:.3g}, {cell.kl_range[1]:.3g}] ({seeds}; {round(cell.closed, 2) + 0.0:.0%} of the gap)"
@@ -203,11 +219,14 @@ def primitive_sections(
     for architecture in architectures:
         row: list[Any] = [architecture]
         for primitive in PRIMITIVES:
-            ours = [c.verdict for p, *_, cells in tunnels if p == primitive for c in cells if c.architecture == architecture]
+            mine_cells = [(label, c) for p, _, label, _, cells in tunnels if p == primitive for c in cells if c.architecture == architecture]
+            ours = [c.verdict for _, c in mine_cells]
             paper = PAPER.get((architecture, primitive))
-            mine = primitive_verdict(ours) if ours else "not trained"
+            verdict = primitive_verdict(ours) if ours else "not trained"
             theirs = paper.verdict if paper else "not in the paper"
-            agree = "" if not ours or not paper else (" (agrees)" if mine == theirs else " (differs)")
+            agree = "" if not ours or not paper else (" (agrees)" if verdict == theirs else " (differs)")
+            split = "; ".join(f"seeds split on {label}: {c.seeds_split}" for label, c in mine_cells if c.seeds_split)
+            mine = f"{verdict} ({split})" if split else verdict
             row.append(f"{mine} / paper: {theirs}{agree}")
         verdict_rows.append(row)
     verdict_table = Table(
@@ -215,7 +234,8 @@ def primitive_sections(
         verdict_rows,
         caption=f"Ours / the paper's verdict per primitive. A model realizes a primitive on a tunnel when it closes at "
         f"least {REALIZES:.0%} of the gap between the context-free prior and the exact posterior on both mae_bits and "
-        f"kl_bits, and fails it below {FAILS:.0%} on either; a primitive with two tunnels takes the worse verdict.",
+        f"kl_bits, and fails it below {FAILS:.0%} on either; a primitive with two tunnels takes the worse verdict. "
+        "Verdicts are decided on the median over seeds; where the seeds' own verdicts disagree, the cell says how.",
     )
 
     number_rows = []
