@@ -238,7 +238,7 @@ SCALES: dict[str, Scale] = {
         overrides={},
         parallel=1,
         expected_s={"bijection": 8 * 3600.0, "hmm": 8 * 3600.0},
-        hardware="one GPU (the paper: ~8 h per run on an RTX 4090; 16 runs); about a day per run on 2 CPU cores",
+        hardware="one GPU (the paper: ~8 h per run on an RTX 4090; 16 runs); on 2 CPU cores ~19 h per bijection run, ~4 days per HMM run",
         warmup_steps=6,
         cuts=(
             "Nothing is cut. Beside the paper's protocol on our task variants (bijection without replacement; HMM "
