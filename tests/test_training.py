@@ -110,16 +110,23 @@ def test_ctrl_c_saves_and_resumes(reference_run, tmp_path, write_config):
     assert_bit_identical(final_weights(run_dir, 30), final_weights(reference_run, 30))
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, write_config):
+def _break_loss_at(monkeypatch, step: int, factor: float):
+    """Make the trainer's loss at ``step`` (counting from 1) ``factor`` times itself; returns
+    the real loss function, to restore."""
     real_loss = trainer_module._loss
     calls = {"n": 0}
 
     def loss_that_breaks(*args):
         calls["n"] += 1
         loss = real_loss(*args)
-        return loss * math.nan if calls["n"] == 13 else loss
+        return loss * factor if calls["n"] == step else loss
 
     monkeypatch.setattr(trainer_module, "_loss", loss_that_breaks)
+    return real_loss
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, write_config):
+    real_loss = _break_loss_at(monkeypatch, 13, math.nan)
     config = load_run_config(write_config(tmp_path))
     with pytest.raises(TrainingDiverged, match="at step 13"):
         train(config, tmp_path / "run", progress=False)
@@ -347,15 +354,7 @@ def test_the_step_reads_nothing_back_between_boundaries(tmp_path, monkeypatch, w
 def test_divergence_is_named_at_its_first_step_though_read_at_the_next_boundary(tmp_path, monkeypatch, write_config):
     """A loss that turns infinite at step 7 is seen at the log of step 10; the message names
     step 7 and its value, and no checkpoint of the diverged weights is written."""
-    real_loss = trainer_module._loss
-    calls = {"n": 0}
-
-    def loss_that_breaks(*args):
-        calls["n"] += 1
-        loss = real_loss(*args)
-        return loss * math.inf if calls["n"] == 7 else loss
-
-    monkeypatch.setattr(trainer_module, "_loss", loss_that_breaks)
+    _break_loss_at(monkeypatch, 7, math.inf)
     config = load_run_config(write_config(tmp_path, checkpoint_every=10), ["train.log_every=10"])
     with pytest.raises(TrainingDiverged, match=r"loss became inf at step 7; no checkpoint was saved yet"):
         train(config, tmp_path / "run", progress=False)
