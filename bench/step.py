@@ -12,14 +12,17 @@ forward, loss, backward, clipping, AdamW, logging) runs ``--steps`` steps in eac
   before ``train.supervised_only``), the unoptimized reference;
 - ``compile``: the plain step through ``torch.compile`` (static shapes);
 - ``bf16`` and ``compile_bf16``: bfloat16 autocast, without and with compilation (CUDA only:
-  the trainer ignores bf16 on a CPU, so it is not measured there).
+  the trainer ignores bf16 on a CPU, so it is not measured there);
+- ``host_data``: batches drawn on the host and copied over, as before ``train.data_on_device``
+  (CUDA only: on a CPU the host is the device).
 
 Steps/s come from the trainer's own ``metrics.jsonl`` intervals, the first one (compilation,
 warm-up) left out; evaluation is cut to 64 sequences at the end, outside the timed intervals.
 The FLOPs of one plain step (forward and backward) are counted by PyTorch's own
 ``torch.utils.flop_counter.FlopCounterMode``; achieved FLOP/s is that count times steps/s.
-The data share is the wall time of drawing one batch as the trainer draws it (the tunnel's
-sampler on the host, then the copy to the device) over the wall time of one plain step.
+The data share is the wall time of drawing one batch as the trainer draws it by default (on
+the device where that is CUDA; on a CPU, on the host) over the wall time of one plain step; on
+CUDA the share of drawing on the host and copying is given beside it.
 
 Prints one JSON object: per device and preset each variant's steps/s, FLOP/s and projected
 minutes for the preset's full step count, and each variant's ratio to ``plain`` measured in
@@ -52,8 +55,9 @@ VARIANTS = {
     "compile": ["train.compile=true"],
     "bf16": ["train.bf16=true"],
     "compile_bf16": ["train.compile=true", "train.bf16=true"],
+    "host_data": ["train.data_on_device=false"],
 }
-CUDA_ONLY = ("bf16", "compile_bf16")
+CUDA_ONLY = ("bf16", "compile_bf16", "host_data")
 
 
 def devices_present() -> list[str]:
@@ -81,13 +85,16 @@ def step_flops(config: RunConfig, device: str) -> int:
     return counter.get_total_flops()
 
 
-def data_seconds(config: RunConfig, device: str, repeats: int) -> float:
-    """Median wall seconds to draw one training batch and move it to ``device``."""
+def data_seconds(config: RunConfig, device: str, repeats: int, *, on_device: bool) -> float:
+    """Median wall seconds to draw one training batch on ``device`` (``on_device``) or on the
+    host, and have it on ``device``."""
     times = []
     tunnel = config.training_tunnel(0)
+    where = device if on_device else "cpu"
+    tunnel.sample(config.train.batch_size, generator=torch.Generator(device=where).manual_seed(0))  # warm-up
     for i in range(repeats):
         start = time.perf_counter()
-        episode = tunnel.sample(config.train.batch_size, generator=torch.Generator().manual_seed(i)).to(device)
+        episode = tunnel.sample(config.train.batch_size, generator=torch.Generator(device=where).manual_seed(i)).to(device)
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -130,7 +137,10 @@ def main() -> None:
                 }
             plain = entry["plain"]["steps_per_s"]
             entry["over_plain"] = {v: round(entry[v]["steps_per_s"] / plain, 3) for v in args.variants if v in entry and v != "plain"}
-            entry["data_share_of_plain_step"] = round(data_seconds(config, device, repeats=max(3, args.steps)) * plain, 4)
+            repeats = max(3, args.steps)
+            entry["data_share_of_plain_step"] = round(data_seconds(config, device, repeats, on_device=device == "cuda") * plain, 4)
+            if device == "cuda":
+                entry["host_data_share_of_plain_step"] = round(data_seconds(config, device, repeats, on_device=False) * plain, 4)
             results.setdefault(device, {})[preset] = entry
     print(json.dumps({"cpu": cpu_model(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                       "torch": torch.__version__, "threads": args.threads, "steps_per_run": args.steps, "devices": results}, indent=2))

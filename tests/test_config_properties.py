@@ -19,7 +19,7 @@ SECTION_KEYS = {
     "model": ["kind", "n_layers", "n_heads", "d_model", "d_mlp", "max_len", "no_attention_layers", "n_blocks",
               "d_hidden", "bogus"],
     "train": ["steps", "batch_size", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "betas", "grad_clip",
-              "target", "seed", "eval_every", "checkpoint_every", "log_every", "device", "compile", "fused_adamw", "supervised_only",
+              "target", "seed", "eval_every", "checkpoint_every", "log_every", "device", "compile", "fused_adamw", "data_on_device", "supervised_only",
               "curriculum", "bogus"],
     "eval": ["n", "batch_size", "horizons", "seed", "bootstrap", "bogus"],
 }

@@ -1,9 +1,11 @@
 """Evaluation against the exact posterior: how many bits a predictor is away from Bayes.
 
 A *predictor* maps an :class:`~windtunnel.tunnels.Episode` to its predictive
-distribution at the supervised positions, ``[B, P, C]`` float64. Models, the exact
-posterior (``oracle``: must score 0) and the context-free ``prior`` are all scored the
-same way, in one batched forward pass per batch of sequences.
+distribution at the supervised positions, ``[B, P, C]`` float64, on any device. Models, the
+exact posterior (``oracle``: must score 0) and the context-free ``prior`` are all scored the
+same way, in one batched forward pass per batch of sequences. Entropies and KL are computed
+where the predictions are (on the GPU for a model there); only the per-sequence, per-position
+numbers ``[N, P]`` come back to the host, once per evaluation, for the means and intervals.
 
 Metrics (SPEC §1), all in bits and reported side by side:
 
@@ -69,18 +71,26 @@ class EvalSet:
         sizes = [min(batch_size, n - start) for start in range(0, n, batch_size)]
         return cls(tuple(tunnel.sample(size, generator=generator, horizon=horizon) for size in sizes), horizon)
 
+    def to(self, device: torch.device | str) -> EvalSet:
+        """The same sequences on ``device`` (drawn on the host, so identical on every device;
+        moved once, so an evaluation copies nothing to the device)."""
+        return EvalSet(tuple(e.to(device) for e in self.episodes), self.horizon)
+
 
 def model_predictor(
-    model: torch.nn.Module, *, device: torch.device | str = "cpu", interventions: Mapping[str, Any] | None = None
+    model: torch.nn.Module, *, device: torch.device | str | None = None, interventions: Mapping[str, Any] | None = None
 ) -> Predictor:
     """A predictor that runs ``model`` (in eval mode, without gradients) on the episode's tokens.
 
     Args:
         model: any windtunnel model.
-        device: where the forward pass runs.
+        device: where the forward pass runs (None: where the model's parameters are). The
+            probabilities stay there.
         interventions: keyword arguments of :class:`~windtunnel.models.Trace` applied to every
             forward (``mask_heads``, ``skip_layers``, ``replace``): an ablated model.
     """
+
+    where = device if device is not None else next(model.parameters()).device
 
     @torch.no_grad()
     def predict(episode: Episode) -> Tensor:
@@ -88,10 +98,10 @@ def model_predictor(
         model.eval()
         trace = Trace((), **interventions) if interventions else None
         try:
-            logits = model(episode.tokens.to(device), trace=trace, at=episode.positions.to(device))  # [B, P, C]
+            logits = model(episode.tokens.to(where), trace=trace, at=episode.positions.to(where))  # [B, P, C]
         finally:
             model.train(was_training)
-        return torch.softmax(logits.double(), dim=-1).cpu()
+        return torch.softmax(logits.double(), dim=-1)
 
     return predict
 
@@ -141,15 +151,16 @@ def score(
     """Metrics of predictions ``[B, P, C]`` against the episodes' exact posteriors.
 
     Args:
-        predictions: one tensor per episode, float64 probabilities.
+        predictions: one tensor per episode, float64 probabilities, on any device (each is
+            scored there against its episode's posterior, moved to it if it is elsewhere).
         episodes: the episodes they predict.
         bootstrap: resamples of sequences for the intervals (0: no intervals).
         seed: seed of the bootstrap resampling.
         level: coverage of the intervals (0.95: 95% intervals).
     """
-    h_model = torch.cat([entropy_bits(p) for p in predictions])  # [N, P]
-    h_bayes = torch.cat([e.entropy_bits for e in episodes])  # [N, P]
-    kl = torch.cat([kl_bits(e.posterior, p) for p, e in zip(predictions, episodes)])  # [N, P]
+    h_model = _to_host([entropy_bits(p) for p in predictions])  # [N, P]
+    h_bayes = _to_host([e.entropy_bits for e in episodes])  # [N, P]
+    kl = _to_host([kl_bits(e.posterior.to(p.device), p) for p, e in zip(predictions, episodes)])  # [N, P]
     error = h_model - h_bayes  # [N, P]
     result: dict[str, Any] = {
         "n": h_model.shape[0],
@@ -200,14 +211,19 @@ def evaluate(
     return result
 
 
+def _to_host(per_batch: Sequence[Tensor]) -> Tensor:
+    """Batches' ``[B, ...]`` results joined on their device, then one copy to the host."""
+    return torch.cat([t.to(per_batch[0].device) for t in per_batch]).cpu()
+
+
 def _per_sequence_mae(predictions: Sequence[Tensor], episodes: Sequence[Episode]) -> Tensor:
     """``[N]`` mean over positions of |H_model - H_Bayes| for each sequence."""
-    return torch.cat([(entropy_bits(p) - e.entropy_bits).abs().mean(1) for p, e in zip(predictions, episodes)])
+    return _to_host([(entropy_bits(p) - e.entropy_bits.to(p.device)).abs().mean(1) for p, e in zip(predictions, episodes)])
 
 
 def _per_sequence_kl(predictions: Sequence[Tensor], episodes: Sequence[Episode]) -> Tensor:
     """``[N]`` mean over positions of KL(posterior || model) for each sequence."""
-    return torch.cat([kl_bits(e.posterior, p).mean(1) for p, e in zip(predictions, episodes)])
+    return _to_host([kl_bits(e.posterior.to(p.device), p).mean(1) for p, e in zip(predictions, episodes)])
 
 
 def score_relabeling(

@@ -120,6 +120,12 @@ class TrainConfig:
         fused_adamw: AdamW's fused kernel (one kernel for every parameter) instead of its
             ``foreach`` implementation; None (default): fused on CUDA, foreach elsewhere, so a
             CPU run's trajectory is unchanged. The same update up to float rounding.
+        data_on_device: draw each batch on the training device, from a generator there
+            (sampling, quantization and the exact posterior as tensor operations on it),
+            instead of on the host followed by a copy. None (default): on CUDA, yes; on a CPU
+            the two are the same thing. The batch of a step is still a function of
+            ``(seed, rank, step)`` alone, so resume stays exact; a CUDA generator's stream
+            differs from the CPU's, so the batches (not their distribution) change with it.
         compile: run the training forward and backward through ``torch.compile`` (static
             shapes). Resume stays exact to the step and bit-identical among compiled runs;
             a compiled run's floating-point path differs from an uncompiled one's, so its
@@ -152,6 +158,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     fused_adamw: bool | None = None
+    data_on_device: bool | None = None
     compile: bool = False
     supervised_only: bool = True
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)

@@ -117,7 +117,7 @@ def entropy_calibration(
             **{name: scores[name] for name in METRICS},
         })
         if trace_model_entropy is None:
-            trace_model_entropy = torch.cat([entropy_bits(p) for p in predictions])  # [N, P]
+            trace_model_entropy = torch.cat([entropy_bits(p).cpu() for p in predictions])  # [N, P]
     mean_curve = torch.stack(model_curves).mean(0)  # [P]
 
     traces = []

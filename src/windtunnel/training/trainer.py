@@ -88,6 +88,13 @@ def data_seed(seed: int, rank: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # non-negative int64
 
 
+def data_device_for(t: TrainConfig, device: torch.device) -> torch.device:
+    """Where the training batches are drawn: the training device when ``train.data_on_device``
+    says so (None: on CUDA), else the host. A CPU run draws on the CPU either way."""
+    on_device = device.type == "cuda" if t.data_on_device is None else t.data_on_device
+    return device if on_device else torch.device("cpu")
+
+
 def _optimizer(model: nn.Module, config: RunConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings, none on biases and LayerNorm gains,
     nor on a parameter its module marks ``_no_weight_decay`` (Mamba's A_log: the published
@@ -298,9 +305,13 @@ def _train(
         # Static shapes: every training batch has the same shape, so one graph serves the run.
         forward = torch.compile(forward, dynamic=False)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.bf16 and device.type == "cuda")
+    data_device = data_device_for(t, device)
 
     snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
     meta_base = {"version": __version__, "torch": torch.__version__, "params": count_params(model), "config": config.to_mapping()}
+
+    if eval_set is not None:
+        eval_set = eval_set.to(device)  # once: an evaluation then copies only its [N, P] numbers back
 
     def run_eval() -> dict[str, Any]:
         return evaluate(model_predictor(model, device=device), eval_set, references=False)
@@ -347,8 +358,8 @@ def _train(
         lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        generator = torch.Generator().manual_seed(data_seed(t.seed, dist.rank, step))
-        episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)
+        generator = torch.Generator(device=data_device).manual_seed(data_seed(t.seed, dist.rank, step))
+        episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)  # a no-op when drawn there
         with autocast:
             if t.supervised_only:
                 logits = forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need

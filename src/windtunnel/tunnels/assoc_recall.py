@@ -156,24 +156,24 @@ class AssocRecallTunnel:
         key_order = random_permutations(B, n_keys, generator=generator)  # [B, key_vocab]: stored first, then the rest
         keys = key_order[:, :N]  # [B, N]
         values = mapping.gather(1, keys)  # [B, N]
-        stored = torch.rand(B, Q, generator=generator, dtype=torch.float64) < self.p_stored  # [B, Q]
-        pick = torch.rand(B, Q, generator=generator, dtype=torch.float64)  # [B, Q] uniform in [0, 1)
+        stored = torch.rand(B, Q, generator=generator, dtype=torch.float64, device=generator.device) < self.p_stored  # [B, Q]
+        pick = torch.rand(B, Q, generator=generator, dtype=torch.float64, device=generator.device)  # [B, Q] uniform in [0, 1)
         n_unstored = n_keys - N
         index = torch.where(stored, (pick * N).long(), N + (pick * max(n_unstored, 1)).long())  # [B, Q] into key_order
         queries = key_order.gather(1, index.clamp_max(n_keys - 1))  # [B, Q]
         targets = mapping.gather(1, queries)  # [B, Q]
 
-        bound = torch.zeros(B, n_values, dtype=torch.float64).scatter_(1, values, 1.0)  # [B, value_vocab]
+        bound = torch.zeros(B, n_values, dtype=torch.float64, device=generator.device).scatter_(1, values, 1.0)  # [B, value_vocab]
         unbound = (1.0 - bound) / (n_values - N)  # uniform over the values no stored key has
         posterior = torch.where(
             stored[..., None], F.one_hot(targets, n_values).to(torch.float64), unbound[:, None, :].expand(B, Q, n_values)
         )  # [B, Q, value_vocab]
         pairs = torch.stack([keys, values + n_keys], dim=2).reshape(B, 2 * N)  # k v k v ...
-        filler = torch.full((B, self.n_filler), self.fill_token, dtype=torch.long)
+        filler = torch.full((B, self.n_filler), self.fill_token, dtype=torch.long, device=generator.device)
         tokens = torch.cat([pairs, filler, queries], dim=1)  # [B, T]
         return AssocRecallEpisode(
             tokens=tokens,
-            positions=torch.arange(self.first_query, self.first_query + Q),
+            positions=torch.arange(self.first_query, self.first_query + Q, device=generator.device),
             targets=targets,
             posterior=posterior,
             entropy_bits=entropy_bits(posterior) + 0.0,  # + 0.0 turns a point mass's -0.0 into 0.0

@@ -208,7 +208,7 @@ class BijectionTunnel:
         B, V = batch_size, self.V
         mapping = random_permutations(B, V, generator=generator)  # [B, V]
         if self.with_replacement:
-            inputs = torch.randint(0, V, (B, n_pairs), generator=generator)  # [B, L]
+            inputs = torch.randint(0, V, (B, n_pairs), generator=generator, device=generator.device)  # [B, L]
             if self.repeat_rate > 0.0:
                 inputs = _repeat_earlier(inputs, self.repeat_rate, self.repeat_window, generator)
         else:
@@ -217,18 +217,18 @@ class BijectionTunnel:
 
         posterior, entropy = _pair_posteriors(inputs, outputs, V)  # [B, L, V], [B, L]
         tokens = torch.stack([inputs, outputs + V], dim=2).reshape(B, 2 * n_pairs)  # x1 y1 x2 y2 ...
-        positions = torch.arange(0, 2 * n_pairs, 2)
+        positions = torch.arange(0, 2 * n_pairs, 2, device=generator.device)
         targets = outputs
         query_index = None
         if self.query:
-            query_index = torch.randint(0, n_pairs, (B,), generator=generator)  # [B]
+            query_index = torch.randint(0, n_pairs, (B,), generator=generator, device=generator.device)  # [B]
             query_input = inputs.gather(1, query_index[:, None])  # [B, 1]
             query_output = outputs.gather(1, query_index[:, None])  # [B, 1]
             tokens = torch.cat([tokens, query_input], dim=1)
-            positions = torch.cat([positions, torch.tensor([2 * n_pairs])])
+            positions = torch.cat([positions, torch.tensor([2 * n_pairs], device=generator.device)])
             targets = torch.cat([targets, query_output], dim=1)
             posterior = torch.cat([posterior, F.one_hot(query_output, V).to(torch.float64)], dim=1)
-            entropy = torch.cat([entropy, torch.zeros(B, 1, dtype=torch.float64)], dim=1)
+            entropy = torch.cat([entropy, torch.zeros(B, 1, dtype=torch.float64, device=generator.device)], dim=1)
         return BijectionEpisode(
             tokens=tokens,
             positions=positions,
@@ -247,9 +247,9 @@ def _repeat_earlier(inputs: Tensor, rate: float, window: int, generator: torch.G
     copy of an earlier entry of the result (so copies of copies count): uniform over every
     earlier entry, or, with ``window`` > 0, half the time uniform over the ``window`` latest."""
     B, L = inputs.shape
-    repeat = torch.rand(B, L, generator=generator, dtype=torch.float64) < rate  # [B, L]
-    source = torch.rand(B, L, generator=generator, dtype=torch.float64)  # [B, L] uniform in [0, 1)
-    recent = torch.rand(B, L, generator=generator, dtype=torch.float64) < 0.5 if window else None  # [B, L]
+    repeat = torch.rand(B, L, generator=generator, dtype=torch.float64, device=generator.device) < rate  # [B, L]
+    source = torch.rand(B, L, generator=generator, dtype=torch.float64, device=generator.device)  # [B, L] uniform in [0, 1)
+    recent = torch.rand(B, L, generator=generator, dtype=torch.float64, device=generator.device) < 0.5 if window else None  # [B, L]
     out = inputs.clone()
     for k in range(1, L):
         if recent is None:
@@ -276,7 +276,7 @@ def _pair_posteriors(inputs: Tensor, outputs: Tensor, V: int) -> tuple[Tensor, T
     used_before = (outputs_onehot.cumsum(dim=1) - outputs_onehot) > 0  # [B, L, V]
     free = ~used_before
     n_free = free.sum(dim=-1)  # [B, L], >= 1 whenever x_k is new (a bijection leaves one free)
-    earlier = torch.ones(L, L, dtype=torch.bool).tril(diagonal=-1)  # earlier[k, j] = j < k
+    earlier = torch.ones(L, L, dtype=torch.bool, device=inputs.device).tril(diagonal=-1)  # earlier[k, j] = j < k
     seen_before = ((inputs[:, :, None] == inputs[:, None, :]) & earlier).any(dim=-1)  # [B, L]
     uniform_free = free.to(torch.float64) / n_free.clamp_min(1)[..., None]
     posterior = torch.where(seen_before[..., None], outputs_onehot, uniform_free)

@@ -30,8 +30,8 @@ def forward_filter(transition: Tensor, emission: Tensor, initial: Tensor, observ
     # The recursion runs on the unnormalized joint p(s_t, o_1..o_t) (scale does not change
     # relative float64 error) and is rescaled every few steps so it cannot underflow: each
     # step shrinks it by p(o_t | o_<t) >= (1 / levels)^2 for data the HMM generated.
-    joint = torch.empty(K, B, S, dtype=torch.float64)
-    log_scale = torch.zeros(B, dtype=torch.float64)  # log of the factors divided out so far
+    joint = torch.empty(K, B, S, dtype=torch.float64, device=observations.device)
+    log_scale = torch.zeros(B, dtype=torch.float64, device=observations.device)  # log of the factors divided out so far
     predicted = initial.expand(B, S)
     for t in range(K):
         torch.mul(predicted, likelihood[t], out=joint[t])

@@ -218,11 +218,11 @@ class HMMTunnel:
     def seq_len(self, horizon: int | None = None) -> int:
         return self.header_len + (self.K if horizon is None else horizon)
 
-    def initial_distribution(self) -> Tensor:
-        """``[S]`` float64 distribution of the first hidden state."""
+    def initial_distribution(self, device: torch.device | str = "cpu") -> Tensor:
+        """``[S]`` float64 distribution of the first hidden state, on ``device``."""
         if self.initial is None:
-            return torch.full((self.S,), 1.0 / self.S, dtype=torch.float64)
-        return torch.tensor(self.initial, dtype=torch.float64)
+            return torch.full((self.S,), 1.0 / self.S, dtype=torch.float64, device=device)
+        return torch.tensor(self.initial, dtype=torch.float64, device=device)
 
     def prior_predictive(self, n_positions: int) -> Tensor:
         """``[n_positions, S]`` float64: p(s_t) for a predictor that reads nothing.
@@ -259,10 +259,10 @@ class HMMTunnel:
         B, S, M, N = batch_size, self.S, self.M, self.levels
         transition_rows = dirichlet((B, S), S, self.transition_alpha, generator=generator)
         if self.stickiness:
-            transition_rows = (1 - self.stickiness) * transition_rows + self.stickiness * torch.eye(S, dtype=transition_rows.dtype)
+            transition_rows = (1 - self.stickiness) * transition_rows + self.stickiness * torch.eye(S, dtype=transition_rows.dtype, device=generator.device)
         transition_counts = self._quantized_rows(transition_rows)
         emission_counts = self._quantized_rows(dirichlet((B, S), M, self.concentration, generator=generator))
-        initial = self.initial_distribution().expand(B, S)
+        initial = self.initial_distribution(generator.device).expand(B, S)
         states, observations = _sample_path(transition_counts, emission_counts, initial, n_obs, N, generator)
         return self._episode(transition_counts, emission_counts, initial, states, observations)
 
@@ -345,7 +345,7 @@ class HMMTunnel:
         posterior, log_likelihood = forward_filter(transition, emission, initial, observations)
         return HMMEpisode(
             tokens=tokens,
-            positions=torch.arange(self.header_len, tokens.shape[1]),
+            positions=torch.arange(self.header_len, tokens.shape[1], device=tokens.device),
             targets=states,
             posterior=posterior,
             entropy_bits=entropy_bits(posterior),
@@ -389,9 +389,9 @@ def _sample_path(
     """
     B, S, M = emission_counts.shape
     transition_cum = transition_counts.cumsum(-1).view(B * S, S)  # row b*S + s holds T[b, s]
-    transition_draws = torch.randint(0, levels, (n_obs - 1, B, 1), generator=generator)
-    emission_draws = torch.randint(0, levels, (B, n_obs, 1), generator=generator)
-    row_base = torch.arange(B) * S
+    transition_draws = torch.randint(0, levels, (n_obs - 1, B, 1), generator=generator, device=generator.device)
+    emission_draws = torch.randint(0, levels, (B, n_obs, 1), generator=generator, device=generator.device)
+    row_base = torch.arange(B, device=generator.device) * S
     state = torch.multinomial(initial, 1, generator=generator).squeeze(1)  # [B]
     path = [state]
     for t in range(n_obs - 1):  # the Markov chain is sequential; emissions are drawn after it

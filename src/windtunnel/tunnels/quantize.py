@@ -29,7 +29,7 @@ def quantize_rows(probs: Tensor, levels: int) -> Tensor:
     counts = scaled.floor()
     missing = levels - counts.sum(-1, keepdim=True)  # [..., 1], in 0..k-1
     order = (scaled - counts).argsort(dim=-1, descending=True, stable=True)  # largest remainder first
-    bonus = torch.arange(probs.shape[-1]) < missing  # [..., k]: one unit to each of the first `missing`
+    bonus = torch.arange(probs.shape[-1], device=probs.device) < missing  # [..., k]: one unit to each of the first `missing`
     return counts.long().scatter_add_(-1, order, bonus.long())
 
 
