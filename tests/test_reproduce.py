@@ -16,10 +16,19 @@ import pytest
 from matplotlib import image
 
 import windtunnel.report.build as report_build
+import windtunnel.report.folder as report_folder
 from windtunnel.cli import main
-from windtunnel.report.build import FIGURE_PLAN, INIT_DIR, load_results
+from windtunnel.report.build import FIGURE_PLAN
 from windtunnel.report.claims import CLAIMS, evaluate_claims
-from windtunnel.reproduce import GROUPS, PRESET_NAMES, SCALES, configs_folder, plan_analyses, plan_runs
+from windtunnel.report.folder import INIT_DIR, load_results
+from windtunnel.reproduce import (
+    GROUPS,
+    PRESET_NAMES,
+    SCALES,
+    configs_folder,
+    plan_analyses,
+    plan_runs,
+)
 from windtunnel.run_config import load_run_config
 
 pytestmark = pytest.mark.slow
@@ -152,14 +161,18 @@ def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_pa
 
 
 def test_the_report_imports_nothing_of_the_reproduction():
-    """Every import of report/build.py (functions and type-checking blocks included) is of the
-    report, the history or the standard library: never the plan it reports on."""
-    tree = ast.parse(Path(report_build.__file__).read_text())
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    ours = {name for name in names if name.startswith("windtunnel")}
-    assert ours == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims", "windtunnel.report.html",
-                    "windtunnel.report.primitives"}
+    """Every import of report/build.py and report/folder.py (functions and type-checking blocks
+    included) is of the report, the history or the standard library: never the plan it reports on."""
+
+    def ours(module) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        return {name for name in names if name.startswith("windtunnel")}
+
+    assert ours(report_build) == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims",
+                                  "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.primitives"}
+    assert ours(report_folder) == set()
 
 
 def test_the_report_renders_in_a_real_browser(tiny, tmp_path):

@@ -28,7 +28,8 @@ from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, model_class, params_by_part
-from windtunnel.report.build import ReportError, build_report
+from windtunnel.report.build import build_report
+from windtunnel.report.folder import ReportError
 from windtunnel.reproduce import reproduce
 from windtunnel.run_config import MAX_SEED, load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume

@@ -41,7 +41,8 @@ from typing import Any
 from windtunnel.config import ConfigError
 from windtunnel.jobs import TrainJob, job_state, run_jobs
 from windtunnel.files import atomic_write_text, has_content
-from windtunnel.report.build import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError, build_report
+from windtunnel.report.build import build_report
+from windtunnel.report.folder import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError
 
 __all__ = ["SCALES", "STUDIES", "AnalysisGroup", "Scale", "Study", "plan_analyses", "plan_runs", "reproduce"]
 

@@ -1,0 +1,238 @@
+"""A reproduction's folder as saved on disk: its manifest, its runs' configs, its analyses.
+
+``windtunnel reproduce`` writes ``DIR/reproduce.json`` (:class:`Manifest`: the study, the
+scale, its cuts, the runs) at every stage and resumes from it; each run directory holds its
+``config.json``; the analyses are ``DIR/analysis/<group>/<name>.json``. The report reads
+everything through this module, so it is built from the folder alone: nothing here imports
+the reproduction's plan, the tunnels or the models. Every reader raises :class:`ReportError`
+with one line naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+__all__ = [
+    "INIT_DIR",
+    "MANIFEST_FILE",
+    "Manifest",
+    "ManifestRun",
+    "ReportError",
+    "RunRecord",
+    "SavedConfig",
+    "SavedRun",
+    "load_results",
+    "read_json",
+]
+
+#: Where a reproduction keeps the same analyses of every run's initial weights (step 0): what
+#: random init scores on every claim, the floor a trained model must clear.
+INIT_DIR = "analysis_at_init"
+
+#: A reproduction's manifest, in its folder: ``windtunnel reproduce`` rewrites it at every
+#: stage (it resumes from it) and the report reads the scale and the runs from it.
+MANIFEST_FILE = "reproduce.json"
+#: A run's resolved config, in its directory (``windtunnel.runs.CONFIG_FILE``; the report
+#: imports no run code, which needs the models).
+RUN_CONFIG_FILE = "config.json"
+#: The studies a report can be built for (``reproduce.STUDIES``; the report imports no plan).
+STUDY_NAMES = ("claims", "architectures")
+#: The stages of a reproduction whose analyses are all written: its report can be built.
+REPORTABLE_STAGES = ("report", "done")
+
+
+class ReportError(ValueError):
+    """A folder is not a finished reproduction, or a file it saved is unreadable; the message
+    is one line naming the folder or file and what is wrong."""
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in ``path``; a file that cannot be read or parsed is a :class:`ReportError`."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ReportError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ReportError(f"{str(path)!r} is not valid JSON: {error}") from None
+
+
+def _field(data: Any, key: str, kind: type | tuple[type, ...], where: Path) -> Any:
+    """``data[key]`` if ``data`` is an object holding a value of type ``kind`` there (no field
+    read is a bool, and JSON's true is no number here); otherwise a :class:`ReportError`
+    naming the file and the key."""
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ReportError(f"{str(where)!r} has no valid {key!r} (damaged, or written by an older windtunnel)")
+    return value
+
+
+@dataclass(frozen=True)
+class ManifestRun:
+    """One training run of a reproduction, as its manifest lists it.
+
+    Attributes:
+        name: the run's name, ``<preset>_seed<seed>``.
+        run_dir: its run directory, relative to the reproduction's folder (POSIX separators).
+        preset: the preset it trains (``reproduce.PRESETS``).
+        seed: its ``train.seed``.
+    """
+
+    name: str
+    run_dir: str
+    preset: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a reproduction's folder says about itself (``reproduce.json``): everything the
+    report needs besides the runs' and the analyses' own files.
+
+    Attributes:
+        scale: the scale's name (``tiny``, ``cpu``, ``paper``).
+        stage: the stage reached: ``train``, ``analyze``, ``report`` or ``done``.
+        wall_s: wall seconds spent on it, summed over its sessions (a resume adds its own).
+        command: the command that made it.
+        hardware: what the scale expects.
+        cuts: what the scale cuts relative to the paper's protocol, one paragraph each.
+        runs: its training runs, in plan order.
+        study: what it reproduces (``reproduce.STUDIES``): ``claims``, the paper's claims, or
+            ``architectures``, the primitives table (a manifest without one is of the claims).
+    """
+
+    scale: str
+    stage: str
+    wall_s: float
+    command: str
+    hardware: str
+    cuts: tuple[str, ...]
+    runs: tuple[ManifestRun, ...]
+    study: str = "claims"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def read(cls, out: Path) -> Manifest:
+        """The manifest of the reproduction in folder ``out``.
+
+        Raises:
+            ReportError: ``out`` is not a folder, has no manifest, or its manifest is unreadable
+                or incomplete.
+        """
+        out = Path(out)
+        if not out.is_dir():
+            what = "it is a file" if out.exists() else "it does not exist"
+            raise ReportError(f"{str(out)!r} is not a reproduction folder: {what}")
+        path = out / MANIFEST_FILE
+        if not path.is_file():
+            raise ReportError(
+                f"{str(out)!r} is not a reproduction folder: it has no {MANIFEST_FILE} "
+                "(give the folder `windtunnel reproduce --out` wrote)"
+            )
+        data = read_json(path)
+        cuts = _field(data, "cuts", list, path)
+        runs = _field(data, "runs", list, path)
+        if not all(isinstance(cut, str) for cut in cuts):
+            raise ReportError(f"{str(path)!r} has no valid 'cuts' (damaged, or written by an older windtunnel)")
+        study = data.get("study", "claims") if isinstance(data, dict) else None
+        if study not in STUDY_NAMES:
+            raise ReportError(f"{str(path)!r} has no valid 'study' (one of {', '.join(STUDY_NAMES)}; damaged, or written by a newer windtunnel)")
+        return cls(
+            study=study,
+            scale=_field(data, "scale", str, path),
+            stage=_field(data, "stage", str, path),
+            wall_s=float(_field(data, "wall_s", (int, float), path)),
+            command=_field(data, "command", str, path),
+            hardware=_field(data, "hardware", str, path),
+            cuts=tuple(cuts),
+            runs=tuple(
+                ManifestRun(
+                    _field(run, "name", str, path), _field(run, "run_dir", str, path),
+                    _field(run, "preset", str, path), _field(run, "seed", int, path),
+                )
+                for run in runs
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class SavedConfig:
+    """A run's resolved config as its ``config.json`` saved it, each section a plain namespace,
+    so it reads as a ``RunConfig`` does where the report looks (``tunnel.name``, ``model_kind``,
+    ``train.steps``) without building one: that would need the tunnels and the models."""
+
+    tunnel: SimpleNamespace
+    model: SimpleNamespace
+    train: SimpleNamespace
+    eval: SimpleNamespace
+
+    @property
+    def model_kind(self) -> str:
+        return self.model.kind
+
+    @classmethod
+    def read(cls, run_dir: Path) -> SavedConfig:
+        """The config saved in ``run_dir``; a :class:`ReportError` if it is missing or not a run config."""
+        path = Path(run_dir) / RUN_CONFIG_FILE
+        if not path.is_file():
+            raise ReportError(f"run directory {str(run_dir)!r} has no {RUN_CONFIG_FILE}: the run never started "
+                              "(finish the reproduction with `windtunnel reproduce --resume`)")
+        data = read_json(path)
+        sections = {name: _field(data, name, dict, path) for name in ("tunnel", "model", "train", "eval")}
+        # The keys the runs table reads: checked here, so a damaged file is named, not a KeyError.
+        read = (("tunnel", "name", str), ("model", "kind", str), ("train", "steps", int), ("train", "batch_size", int))
+        for section, key, kind in read:
+            _field(sections[section], key, kind, path)
+        return cls(**{name: SimpleNamespace(**values) for name, values in sections.items()})
+
+
+class RunRecord(Protocol):
+    """What the runs table reads of a run: its name, its directory (for ``metrics.jsonl``) and
+    its resolved config. A :class:`SavedRun` is one; so is a planned run (``jobs.TrainJob``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    def resolved(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A training run of a reproduction as the report reads it from disk.
+
+    Attributes:
+        name: the run's name (``<preset>_seed<seed>``).
+        run_dir: its run directory.
+        config: its resolved config, as saved there.
+    """
+
+    name: str
+    run_dir: Path
+    config: SavedConfig
+
+    @classmethod
+    def read(cls, out: Path, run: ManifestRun) -> SavedRun:
+        """The run the manifest of the reproduction in ``out`` lists as ``run``."""
+        run_dir = Path(out) / run.run_dir
+        return cls(run.name, run_dir, SavedConfig.read(run_dir))
+
+    def resolved(self) -> SavedConfig:
+        """Its resolved config (what a planned run's ``resolved()`` gives, read back from disk)."""
+        return self.config
+
+
+def load_results(out: Path, folder: str = "analysis") -> dict[str, dict[str, dict[str, Any]]]:
+    """``{group: {analysis: result}}`` from ``out/<folder>/*/*.json``."""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted((Path(out) / folder).glob("*/*.json")):
+        results.setdefault(path.parent.name, {})[path.stem] = read_json(path)
+    return results
