@@ -20,7 +20,7 @@ SECTION_KEYS = {
               "d_hidden", "bogus"],
     "train": ["steps", "batch_size", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "betas", "grad_clip",
               "target", "seed", "eval_every", "checkpoint_every", "log_every", "device", "compile", "fused_adamw", "data_on_device", "supervised_only",
-              "curriculum", "bogus"],
+              "curriculum", "log_to", "bogus"],
     "eval": ["n", "batch_size", "horizons", "seed", "bootstrap", "bogus"],
 }
 NAMES = st.sampled_from(["bijection", "hmm", "transformer", "mlp", "maze", "", "cosine", "soft", "cpu", "V"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 
 import pytest
 
+from windtunnel.jobs import TrainJob, run_jobs
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step
 
 pytestmark = pytest.mark.slow
@@ -105,3 +108,21 @@ def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_pa
     finally:
         _kill_leftovers(out)
     assert all(list_snapshots(out / f"seed_{s}")[0] == 0 for s in (0, 1))  # the step-0 snapshot of the first start survives
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_runs_are_a_bar_and_the_messages_print_above_it(tmp_path, monkeypatch):
+    config = tmp_path / "tiny.toml"
+    config.write_text(CONFIG.replace("steps = 300_000", "steps = 4"))
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    run_jobs([TrainJob("only", config, tmp_path / "runs" / "only")], parallel=1)
+    shown = terminal.getvalue()
+    assert "[train] 0/1 runs already done; 1 to go, 1 at a time\n" in shown
+    assert "[train] 1/1 done: only" in shown
+    drawn = shown.split("\r")[-1]  # the bar's last state, left on its own line
+    assert re.match(r"\[train\] 1\.0/1 runs \|.+\| \d\d:\d\d", drawn), drawn

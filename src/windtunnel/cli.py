@@ -34,6 +34,7 @@ from windtunnel.reproduce import reproduce
 from windtunnel.run_config import MAX_SEED, load_run_config
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import CheckpointError, read_resume_step
+from windtunnel.training.tracking import check_installed
 from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, train
 from windtunnel.tunnels import TUNNELS, make_tunnel
 
@@ -293,6 +294,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         if not args.config or not args.out:
             raise ConfigError("train needs CONFIG and --out RUN_DIR (or --resume RUN_DIR)")
         config = load_run_config(args.config, args.overrides)
+        check_installed(config.train.log_to)
         run_dir, resume = Path(args.out), False
         prepare_new_run(run_dir)  # refuse before anything is created
         with _one_writer(run_dir, create=True):
@@ -328,6 +330,7 @@ def _cmd_report(args: argparse.Namespace) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
     base = load_run_config(args.config, args.overrides)  # validate before starting anything
+    check_installed(base.train.log_to)
     out = Path(args.out)
     jobs = []
     for seed in range(base.train.seed, base.train.seed + args.seeds):

@@ -5,7 +5,8 @@ on disk first: a finished run is kept, an interrupted one is resumed from its ch
 a missing one is started. With ``parallel=J`` it keeps J processes busy, each given
 ``cores // J`` threads (on a small CPU, two single-threaded runs side by side train ~1.4×
 the steps per second of one run using both cores: small matrices do not parallelize well
-inside one process). It prints which runs are going and an overall ETA.
+inside one process). It prints which runs are going and an overall ETA: on a terminal as a
+tqdm bar over the runs (with each running run's step), elsewhere as a plain line every 30 s.
 
 Workers run in their own sessions, so a Ctrl-C (or SIGTERM) reaches only this process,
 which passes one SIGINT to each worker: each saves at its next step boundary and exits,
@@ -30,8 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tqdm import tqdm
+
 from windtunnel.config import ConfigError
 from windtunnel.history import METRICS_FILE, MetricsError, parse_metrics
+from windtunnel.progress import is_terminal
 from windtunnel.run_config import RunConfig, load_run_config
 from windtunnel.runs import CONFIG_FILE, read_run_config
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step
@@ -133,7 +137,7 @@ def run_jobs(
 
     ``nproc_per_run > 1`` launches each run under ``torch.distributed.run`` with that many
     processes (DDP; e.g. one per GPU). ``report`` receives one-line progress messages
-    (default: printed to stderr).
+    (default: printed to stderr, with a bar over the runs when stderr is a terminal).
     Raises JobFailed naming the job and its log if a worker fails.
     """
     if parallel < 1 or nproc_per_run < 1:
@@ -146,6 +150,15 @@ def run_jobs(
         say(f"[train] all {total} runs already done")
         return
     say(f"[train] {done}/{total} runs already done; {len(pending)} to go, {parallel} at a time")
+    bar: tqdm | None = None
+    if report is None and is_terminal(sys.stderr):
+        # Runs finished count whole, running ones by their logged step; the ETA is _status's
+        # (the runs' measured speeds), which a count of finished runs could not give early on.
+        bar = tqdm(
+            total=total, initial=done, desc="[train]", file=sys.stderr, mininterval=0, miniters=1, dynamic_ncols=True,
+            bar_format="{desc} {n:.1f}/{total_fmt} runs |{bar}| {elapsed}{postfix}",
+        )
+        say = lambda line: bar.write(line, file=sys.stderr)  # noqa: E731 - above the bar, which stays at the bottom
     threads = max(1, (os.cpu_count() or 1) // (parallel * nproc_per_run))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
@@ -193,13 +206,20 @@ def run_jobs(
                 done += 1
                 say(f"[train] {done}/{total} done: {job.name}")
             now = time.monotonic()
-            if running and now - last_report >= report_every_s:
+            if bar is not None and running and now - last_report >= 1.0:
+                last_report = now
+                bar.n = done + sum(min(_progress(job)[0] / job.resolved().train.steps, 1.0) for job, _, _ in running.values())
+                bar.set_postfix_str(_status(running, pending, parallel))
+            elif running and now - last_report >= report_every_s:
                 last_report = now
                 say(f"[train] {done}/{total} done; " + _status(running, pending, parallel))
     except KeyboardInterrupt:
         _stop(running)
         raise TrainingInterrupted("interrupted; run the same command again to resume") from None
     finally:
+        if bar is not None:
+            bar.n = done  # the bar's last state: the runs finished
+            bar.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

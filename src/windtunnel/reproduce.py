@@ -559,7 +559,7 @@ def reproduce(
     )
     say("[reproduce] stage 1/3: training")
     try:
-        run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
+        run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)  # None: its own display, a bar on a terminal
     finally:
         checkpoint_state("train")  # an interrupted reproduction still counts the time it trained
 

@@ -42,10 +42,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
+__all__ = ["TRACKING_SINKS", "CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
 
 
 CURRICULUM_SHAPES = ("geometric", "linear")
+
+#: The experiment trackers ``train.log_to`` may name (:mod:`windtunnel.training.tracking`).
+TRACKING_SINKS = ("tensorboard", "wandb", "mlflow")
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,12 @@ class TrainConfig:
             one with ``false`` (every position computed, as before this switch existed);
             ``bench/train_throughput.py`` measures what it buys.
         curriculum: a tunnel parameter annealed over the first steps (:class:`CurriculumConfig`).
+        log_to: experiment trackers that receive the scalars of ``metrics.jsonl`` as they are
+            written, and the final evaluation's per-position curves: any of ``tensorboard``
+            (event files in ``RUN_DIR/tensorboard/``), ``wandb`` (offline unless ``WANDB_MODE``
+            says otherwise; ``RUN_DIR/wandb/``) and ``mlflow`` (a file store in
+            ``RUN_DIR/mlruns/`` unless ``MLFLOW_TRACKING_URI`` names another). Empty: none.
+            ``metrics.jsonl`` stays the record (:mod:`windtunnel.training.tracking`).
     """
 
     steps: int = 2000
@@ -162,9 +171,15 @@ class TrainConfig:
     compile: bool = False
     supervised_only: bool = True
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    log_to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_field_types(self)
+        for sink in self.log_to:
+            if sink not in TRACKING_SINKS:
+                raise ConfigError(f"log_to={list(self.log_to)}: unknown sink {sink!r}; allowed: {', '.join(TRACKING_SINKS)}")
+        if len(set(self.log_to)) < len(self.log_to):
+            raise ConfigError(f"log_to={list(self.log_to)} names a sink twice: name each at most once")
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 1")

@@ -21,6 +21,7 @@ from windtunnel.files import atomic_write_text, has_content
 from windtunnel.history import METRICS_FILE
 from windtunnel.models import build_model
 from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
+from windtunnel.training.tracking import check_installed
 from windtunnel.training.checkpoint import (
     CheckpointError,
     list_snapshots,
@@ -97,9 +98,8 @@ def prepare_resume(run_dir: Path, overrides: Sequence[str] = (), *, force: bool 
     """
     run_dir = Path(run_dir)
     stored = read_run_config(run_dir)
-    if not overrides:
-        return stored
-    config = run_config_from_mapping(stored.to_mapping(), overrides)
+    config = run_config_from_mapping(stored.to_mapping(), overrides) if overrides else stored
+    check_installed(config.train.log_to)  # before config.json is rewritten
     if config != stored:
         changes = _differences(stored.to_mapping(), config.to_mapping())
         if not force:

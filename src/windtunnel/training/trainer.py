@@ -38,6 +38,7 @@ from windtunnel.files import atomic_write_text
 from windtunnel.history import MetricsError, parse_metrics
 from windtunnel.memory import check_fits
 from windtunnel.models import count_params
+from windtunnel.progress import TrainingProgress
 from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
 from windtunnel.training.checkpoint import (
@@ -50,6 +51,7 @@ from windtunnel.training.checkpoint import (
 )
 from windtunnel.training.distributed import Distributed, pick_device, setup_distributed
 from windtunnel.training.schedule import learning_rate
+from windtunnel.training.tracking import NO_TRACKING, Tracking, check_installed, open_tracking
 from windtunnel.tunnels import Episode
 
 __all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted", "data_seed", "train"]
@@ -117,37 +119,6 @@ def _loss(logits: torch.Tensor, episode: Episode, target: str) -> torch.Tensor:
     return -(episode.posterior.to(log_probs) * log_probs).sum(-1).mean()
 
 
-class _Progress:
-    """One self-rewriting status line on a terminal; a plain line every few seconds otherwise."""
-
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self.total, self.start, self.enabled = total, start, enabled
-        self.tty = sys.stderr.isatty()
-        self.t0 = self.last_print = time.perf_counter()
-
-    def update(self, step: int, loss: torch.Tensor, mae: float | None, force: bool = False) -> None:
-        """``loss`` stays a tensor: it is read (a device sync) only when a line is printed."""
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if not force and now - self.last_print < (0.2 if self.tty else 10.0):
-            return
-        self.last_print = now
-        rate = (step - self.start) / max(now - self.t0, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else float("inf")
-        width = 24
-        filled = int(width * step / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        mae_text = f"mae {mae:.4f} bits" if mae is not None else "mae -"
-        eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if math.isfinite(eta) else "-"
-        line = f"step {step}/{self.total} [{bar}] loss {loss.item():.4f} {mae_text} {rate:.1f} step/s eta {eta_text}"
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
-
-
 class _InterruptFlag:
     """Turns the first Ctrl-C into a request to stop at the next step boundary (a step is
     never cut in half: its optimizer update is all or nothing); a second Ctrl-C aborts."""
@@ -173,10 +144,11 @@ def _append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _truncate_metrics(run_dir: Path, step: int) -> None:
+def _truncate_metrics(run_dir: Path, step: int) -> list[dict[str, Any]]:
     """Drop metric lines past ``step`` (they will be recomputed by the resumed run), and a
-    last line that a crash left half written (with a warning)."""
+    last line that a crash left half written (with a warning). Returns the records kept."""
     path = run_dir / METRICS_FILE
+    kept: list[dict[str, Any]] = []
     if path.exists():
         try:
             records, cut = parse_metrics(path)
@@ -186,6 +158,7 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
             print(f"windtunnel: warning: dropped the half-written last line of {str(path)!r}", file=sys.stderr)
         kept = [record for record in records if record["step"] <= step]
         atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
+    return kept
 
 
 def train(
@@ -202,7 +175,7 @@ def train(
         config: the run.
         run_dir: the run directory; created for a new run, read for ``resume``.
         resume: continue from ``run_dir/resume.safetensors``.
-        progress: show a progress line on stderr (rank 0).
+        progress: show progress on stderr (rank 0): a bar on a terminal, else a line every ~10 s.
         on_step: called with the number of completed steps after each step (tests use it).
 
     Raises:
@@ -210,6 +183,7 @@ def train(
         TrainingInterrupted: Ctrl-C; the state after the last complete step was saved.
     """
     run_dir = Path(run_dir)
+    check_installed(config.train.log_to)  # before anything is written
     # Ctrl-C is a request to stop from here on, not an exception: set-up lazily imports
     # torch's compiler stack (building the optimizer does), and a KeyboardInterrupt in the
     # middle of an import leaves half-imported modules behind. The loop acts on the request.
@@ -282,13 +256,14 @@ def _train(
     model = build_run_model(config)
     optimizer = _optimizer(model, config, device)
     start = 0
+    kept_records: list[dict[str, Any]] = []
     if resume:
         # A run that died before its first checkpoint starts again from step 0 in place: its
         # batches depend on (seed, rank, step) alone, so that is the run it would have been.
         if read_resume_step(run_dir) is not None:
             start, _ = load_resume(run_dir, model, optimizer)
         if dist.is_main:
-            _truncate_metrics(run_dir, start)
+            kept_records = _truncate_metrics(run_dir, start)
     elif dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / CONFIG_FILE, config.to_json())
@@ -323,7 +298,11 @@ def _train(
     if dist.is_main and start == 0 and 0 in snapshots:
         save_snapshot(run_dir, model, 0, {**meta_base, "metrics": {}})
 
-    bar = _Progress(t.steps, start, progress and dist.is_main)
+    # Rank 0 tracks. A finished run that is resumed has nothing to add (and its sinks hold its
+    # final curves, which metrics.jsonl does not): they are left as they are.
+    tracking: Tracking = NO_TRACKING
+    if dist.is_main and t.log_to and start < t.steps:
+        tracking = open_tracking(t.log_to, run_dir, config.to_mapping(), kept_records)
     latest: dict[str, Any] = {}
     last_mae: float | None = None
     started = time.perf_counter()
@@ -354,72 +333,82 @@ def _train(
             )
         return torch.tensor(mean_loss), stop > 0
 
-    while step < t.steps:
-        lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        generator = torch.Generator(device=data_device).manual_seed(data_seed(t.seed, dist.rank, step))
-        episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)  # a no-op when drawn there
-        with autocast:
-            if t.supervised_only:
-                logits = forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
-            else:
-                logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
-        loss = _loss(logits, episode, t.target)
-        loss_value = loss.detach().float()
-        first_bad = (first_bad_step == 0) & ~torch.isfinite(loss_value)
-        first_bad_step = torch.where(first_bad, step + 1, first_bad_step)
-        first_bad_loss = torch.where(first_bad, loss_value, first_bad_loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
-        optimizer.step()
-        step += 1
-        interval_steps += 1
+    bar = TrainingProgress(t.steps, start, progress and dist.is_main)
+    finished = False
+    try:
+        while step < t.steps:
+            lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            generator = torch.Generator(device=data_device).manual_seed(data_seed(t.seed, dist.rank, step))
+            episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)  # a no-op when drawn there
+            with autocast:
+                if t.supervised_only:
+                    logits = forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
+                else:
+                    logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+            loss = _loss(logits, episode, t.target)
+            loss_value = loss.detach().float()
+            first_bad = (first_bad_step == 0) & ~torch.isfinite(loss_value)
+            first_bad_step = torch.where(first_bad, step + 1, first_bad_step)
+            first_bad_loss = torch.where(first_bad, loss_value, first_bad_loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+            optimizer.step()
+            step += 1
+            interval_steps += 1
 
-        # Every rank reaches the same boundaries (the collective in read_back needs them all).
-        logs = step % t.log_every == 0 or step == t.steps
-        evaluates = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
-        checkpoints = bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps
-        # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
-        # agree on it at the next boundary.
-        asked_to_stop = interrupt.requested and not dist.enabled
-        if not (logs or evaluates or checkpoints or step in snapshots or asked_to_stop):
-            bar.update(step, loss_value, last_mae)
+            # Every rank reaches the same boundaries (the collective in read_back needs them all).
+            logs = step % t.log_every == 0 or step == t.steps
+            evaluates = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
+            checkpoints = bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps
+            # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
+            # agree on it at the next boundary.
+            asked_to_stop = interrupt.requested and not dist.enabled
+            if not (logs or evaluates or checkpoints or step in snapshots or asked_to_stop):
+                bar.update(step, loss_value, last_mae)
+                if on_step is not None:
+                    on_step(step)
+                continue
+            mean_loss, stop = read_back(step, loss_value)
+            record: dict[str, Any] | None = None
+            final_curves: dict[str, list[float]] | None = None
+            if logs:
+                now = time.perf_counter()
+                record = {
+                    "step": step,
+                    "loss": mean_loss.item(),
+                    "lr": lr,
+                    "grad_norm": grad_norm.item(),
+                    "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
+                    "elapsed_s": now - started,
+                }
+                interval_start, interval_steps = now, 0
+            if evaluates and dist.is_main:
+                scores = run_eval()
+                last_mae = scores["mae_bits"]
+                latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
+                record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **latest}
+                if step == t.steps:
+                    final_curves = scores["curves"]
+            if dist.is_main and record is not None:
+                _append_metrics(run_dir, record)  # the record first: the sinks follow it
+                tracking.log(record, curves=final_curves)
+            if checkpoints:
+                tracking.flush()  # a checkpoint never runs ahead of what the sinks hold on disk
+                save_state(step, latest)
+            if dist.is_main and step in snapshots:
+                save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
+            bar.update(step, mean_loss, last_mae, force=step == t.steps)
             if on_step is not None:
                 on_step(step)
-            continue
-        mean_loss, stop = read_back(step, loss_value)
-        record: dict[str, Any] | None = None
-        if logs:
-            now = time.perf_counter()
-            record = {
-                "step": step,
-                "loss": mean_loss.item(),
-                "lr": lr,
-                "grad_norm": grad_norm.item(),
-                "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
-                "elapsed_s": now - started,
-            }
-            interval_start, interval_steps = now, 0
-        if evaluates and dist.is_main:
-            scores = run_eval()
-            last_mae = scores["mae_bits"]
-            latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
-            record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **latest}
-        if dist.is_main and record is not None:
-            _append_metrics(run_dir, record)
-        if checkpoints:
-            save_state(step, latest)
-        if dist.is_main and step in snapshots:
-            save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-        bar.update(step, mean_loss, last_mae, force=step == t.steps)
-        if on_step is not None:
-            on_step(step)
-        if stop and step < t.steps:
-            bar.close()
-            save_state(step, latest)
-            raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
-    bar.close()
+            if stop and step < t.steps:
+                save_state(step, latest)
+                raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
+        finished = True
+    finally:
+        bar.close()
+        tracking.close(finished)
     dist.barrier()
     return TrainResult(run_dir=run_dir, steps=step, final_eval=latest or None, wall_s=time.perf_counter() - started, model=model)
