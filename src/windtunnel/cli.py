@@ -28,6 +28,7 @@ from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, model_class, params_by_part
+from windtunnel.ray_engine import ENGINES, RayEngine, check_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import ReportError
 from windtunnel.reproduce import reproduce
@@ -149,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument(
         "--nproc-per-run", type=_positive_int, default=1, metavar="N", help="train each run with DDP over N processes (one per GPU)"
     )
+    _add_engine(reproduce, "DIR")
     reproduce.set_defaults(run=_cmd_reproduce)
 
     report = commands.add_parser(
@@ -170,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=_positive_int, required=True, help="number of seeds")
     sweep.add_argument("--out", required=True, metavar="DIR", help="directory of the runs")
     sweep.add_argument("--jobs", type=_positive_int, default=1, help="runs trained side by side (default 1)")
+    _add_engine(sweep, "DIR")
     _add_overrides(sweep, "override a config value for every seed, e.g. train.steps=500 (repeatable)")
     sweep.set_defaults(run=_cmd_sweep)
 
@@ -184,6 +187,21 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", help="output directory (required for several runs)")
     analyze.set_defaults(run=_cmd_analyze)
     return parser
+
+
+def _add_engine(parser: argparse.ArgumentParser, out: str) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="local",
+        help="local (default): worker processes on this machine; ray: each run a Ray task (the CPUs the local engine "
+        f"would give it, or a GPU on CUDA), on a local Ray instance or the cluster at --address; {out} must then be on "
+        "a file system every node sees at the same path",
+    )
+    parser.add_argument(
+        "--address", metavar="ADDR", help="with --engine ray: attach to the Ray cluster at ADDR (e.g. HEAD:6379, or auto) "
+        "instead of starting a local Ray instance"
+    )
 
 
 def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
@@ -311,9 +329,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> None:
+    check_engine(args.engine, args.address)
     with _one_writer(Path(args.out), create=True):
         index = reproduce(
-            args.scale, Path(args.out), only=args.only, resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run
+            args.scale, Path(args.out), only=args.only, resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run,
+            engine=args.engine, address=args.address,
         )
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
@@ -336,8 +356,13 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     for seed in range(base.train.seed, base.train.seed + args.seeds):
         overrides = (*args.overrides, f"train.seed={seed}")
         jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
+    check_engine(args.engine, args.address)
     with _one_writer(out, create=True):
-        run_jobs(jobs, parallel=args.jobs)
+        if args.engine == "ray":
+            with RayEngine(args.address) as engine:
+                engine.run_jobs(jobs, parallel=args.jobs)
+        else:
+            run_jobs(jobs, parallel=args.jobs)
     print(json.dumps({"runs": [str(job.run_dir) for job in jobs], "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
 
 

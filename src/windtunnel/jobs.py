@@ -26,10 +26,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tqdm import tqdm
 
@@ -41,7 +42,7 @@ from windtunnel.runs import CONFIG_FILE, read_run_config
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step
 from windtunnel.training.trainer import TrainingInterrupted
 
-__all__ = ["JobFailed", "TrainJob", "job_state", "run_jobs"]
+__all__ = ["JobFailed", "TrainJob", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command", "worker_env"]
 
 State = Literal["done", "partial", "new"]
 
@@ -96,7 +97,9 @@ def job_state(job: TrainJob) -> State:
     return "partial" if read_resume_step(job.run_dir) is not None else "new"
 
 
-def _command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:
+def train_command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:
+    """The `windtunnel train` command line that starts (``new``) or resumes (``partial``) ``job``
+    with the Python running this process."""
     base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
     if nproc_per_run > 1:  # one DDP run over several processes (GPUs), through PyTorch's own launcher
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_run}", "-m"]
@@ -152,74 +155,100 @@ def run_jobs(
     say(f"[train] {done}/{total} runs already done; {len(pending)} to go, {parallel} at a time")
     bar: tqdm | None = None
     if report is None and is_terminal(sys.stderr):
-        # Runs finished count whole, running ones by their logged step; the ETA is _status's
+        # Runs finished count whole, running ones by their logged step; the ETA is status_line's
         # (the runs' measured speeds), which a count of finished runs could not give early on.
         bar = tqdm(
             total=total, initial=done, desc="[train]", file=sys.stderr, mininterval=0, miniters=1, dynamic_ncols=True,
             bar_format="{desc} {n:.1f}/{total_fmt} runs |{bar}| {elapsed}{postfix}",
         )
         say = lambda line: bar.write(line, file=sys.stderr)  # noqa: E731 - above the bar, which stays at the bottom
-    threads = max(1, (os.cpu_count() or 1) // (parallel * nproc_per_run))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = worker_env(threads_per_run(parallel, nproc_per_run))
     running: dict[str, tuple[TrainJob, subprocess.Popen, float]] = {}
     last_report = 0.0
-    # Ctrl-C and SIGTERM only set a flag that the loop reads between its steps: an exception
-    # raised at an arbitrary point (say between starting a worker and recording it) could
-    # leave a worker that is never told to stop.
-    stop_requested: list[int] = []  # a plain list: a signal handler must not take locks (Event.set does)
-    previous: dict[int, object] = {}
+    with stop_signals() as stop_requested:
+        try:
+            while pending or running:
+                while pending and len(running) < parallel and not stop_requested:
+                    job = pending.pop(0)
+                    state = job_state(job)
+                    if state == "new" and job.run_dir.exists():
+                        shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
+                    job.log.parent.mkdir(parents=True, exist_ok=True)
+                    with job.log.open("a") as log:
+                        process = subprocess.Popen(
+                            train_command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                        )
+                    running[job.name] = (job, process, time.monotonic())
+                    say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
+                time.sleep(0.5)
+                if stop_requested:
+                    raise KeyboardInterrupt
+                for name, (job, process, _) in list(running.items()):
+                    code = process.poll()
+                    if code is None:
+                        continue
+                    del running[name]
+                    if code == 130:  # stopped from outside: stop the others too, so all resume together
+                        _stop(running)
+                        raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
+                    if code != 0:
+                        _stop(running)
+                        raise JobFailed(f"training {job.name} failed (exit {code}): {last_log_line(job)} (log: {job.log})")
+                    done += 1
+                    say(f"[train] {done}/{total} done: {job.name}")
+                now = time.monotonic()
+                if running and now - last_report >= (1.0 if bar is not None else report_every_s):
+                    last_report = now
+                    status = status_line([(j, t) for j, _, t in running.values()], pending, parallel)
+                    if bar is not None:
+                        bar.n = done + sum(min(_progress(job)[0] / job.resolved().train.steps, 1.0) for job, _, _ in running.values())
+                        bar.set_postfix_str(status)
+                    else:
+                        say(f"[train] {done}/{total} done; {status}")
+        except KeyboardInterrupt:
+            _stop(running)
+            raise TrainingInterrupted("interrupted; run the same command again to resume") from None
+        finally:
+            if bar is not None:
+                bar.n = done  # the bar's last state: the runs finished
+                bar.close()
+
+
+def last_log_line(job: TrainJob) -> str:
+    """The last line its worker wrote (what a failed run died of)."""
+    try:
+        return (job.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"])[0]
+    except OSError:
+        return "(no log)"
+
+
+def threads_per_run(parallel: int, nproc_per_run: int = 1) -> int:
+    """CPU threads each process of a run gets when ``parallel`` runs share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // (parallel * nproc_per_run))
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a ``windtunnel train`` worker: this one, with ``threads`` threads."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+@contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM, while in the block, only append to the list it yields, which the
+    caller's loop reads between its steps: an exception raised at an arbitrary point (say
+    between starting a worker and recording it) could leave a worker that is never told to stop.
+    The list is a plain one because a signal handler must not take locks (Event.set does)."""
+    requested: list[int] = []
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         # A process started in the background by a non-interactive shell inherits SIGINT
         # ignored, and Python then leaves it ignored: `kill -INT` would do nothing while the
         # workers (whose trainer takes SIGINT itself) ran on. Take it, as the trainer does.
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, lambda signum, _frame: stop_requested.append(signum))
+            previous[signum] = signal.signal(signum, lambda signum, _frame: requested.append(signum))
     try:
-        while pending or running:
-            while pending and len(running) < parallel and not stop_requested:
-                job = pending.pop(0)
-                state = job_state(job)
-                if state == "new" and job.run_dir.exists():
-                    shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
-                job.log.parent.mkdir(parents=True, exist_ok=True)
-                with job.log.open("a") as log:
-                    process = subprocess.Popen(
-                        _command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                    )
-                running[job.name] = (job, process, time.monotonic())
-                say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
-            time.sleep(0.5)
-            if stop_requested:
-                raise KeyboardInterrupt
-            for name, (job, process, _) in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                del running[name]
-                if code == 130:  # stopped from outside: stop the others too, so all resume together
-                    _stop(running)
-                    raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
-                if code != 0:
-                    tail = job.log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-                    _stop(running)
-                    raise JobFailed(f"training {job.name} failed (exit {code}): {tail[0]} (log: {job.log})")
-                done += 1
-                say(f"[train] {done}/{total} done: {job.name}")
-            now = time.monotonic()
-            if bar is not None and running and now - last_report >= 1.0:
-                last_report = now
-                bar.n = done + sum(min(_progress(job)[0] / job.resolved().train.steps, 1.0) for job, _, _ in running.values())
-                bar.set_postfix_str(_status(running, pending, parallel))
-            elif running and now - last_report >= report_every_s:
-                last_report = now
-                say(f"[train] {done}/{total} done; " + _status(running, pending, parallel))
-    except KeyboardInterrupt:
-        _stop(running)
-        raise TrainingInterrupted("interrupted; run the same command again to resume") from None
+        yield requested
     finally:
-        if bar is not None:
-            bar.n = done  # the bar's last state: the runs finished
-            bar.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -232,10 +261,11 @@ def _stop(running: dict[str, tuple[TrainJob, subprocess.Popen, float]]) -> None:
         process.wait()
 
 
-def _status(running: dict[str, tuple[TrainJob, subprocess.Popen, float]], pending: Sequence[TrainJob], parallel: int) -> str:
-    """Each running job's step and an ETA for all the work left."""
+def status_line(running: Iterable[tuple[TrainJob, float]], pending: Sequence[TrainJob], parallel: int) -> str:
+    """Each running job's step (``running``: the jobs with the ``time.monotonic()`` each
+    started at) and an ETA for all the work left, ``parallel`` runs at a time."""
     parts, remaining_s = [], 0.0
-    for job, _, started in running.values():
+    for job, started in running:
         steps = job.resolved().train.steps
         step, rate = _progress(job)
         parts.append(f"{job.name} {step}/{steps}")

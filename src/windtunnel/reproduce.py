@@ -32,14 +32,16 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from windtunnel.config import ConfigError
-from windtunnel.jobs import TrainJob, job_state, run_jobs
+from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
+from windtunnel.ray_engine import RayEngine, check_engine
 from windtunnel.files import atomic_write_text, has_content
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError
@@ -306,11 +308,17 @@ def measure_steps_per_s(job: TrainJob, steps: int, threads: int) -> tuple[float,
 
 
 def project_from_warmup(
-    jobs: Sequence[TrainJob], steps: int, threads: int, say: Callable[[str], None]
+    jobs: Sequence[TrainJob],
+    steps: int,
+    threads: int,
+    say: Callable[[str], None],
+    measure: Callable[[TrainJob, int, int], tuple[float, str]] | None = None,
 ) -> list[TrainJob]:
     """``jobs`` with each ``expected_s`` replaced by its steps over the steps/s measured on a
     warm-up of ``steps`` steps (one per preset: its seeds share a shape), said per preset,
-    longest first again. Jobs already done keep theirs."""
+    longest first again. Jobs already done keep theirs. ``measure`` times the warm-up
+    (default :func:`measure_steps_per_s`, here)."""
+    measure = measure or measure_steps_per_s
     measured: dict[str, float] = {}  # steps/s per preset
     projected = []
     for job in jobs:
@@ -318,7 +326,7 @@ def project_from_warmup(
             projected.append(job)
             continue
         if job.preset not in measured:
-            measured[job.preset], device = measure_steps_per_s(job, steps, threads)
+            measured[job.preset], device = measure(job, steps, threads)
             total = job.resolved().train.steps
             say(
                 f"[reproduce] measured {job.preset}: {measured[job.preset]:.2f} steps/s on {device} "
@@ -327,6 +335,18 @@ def project_from_warmup(
             )
         projected.append(dataclasses.replace(job, expected_s=job.resolved().train.steps / measured[job.preset]))
     return sorted(projected, key=lambda job: -(job.expected_s or 0.0))
+
+
+@contextmanager
+def _training_engine(engine: str, address: str | None, jobs: Sequence[TrainJob]) -> Iterator[RayEngine | None]:
+    """The Ray engine for the block when ``engine`` is ray and some run is left to train
+    (connected before anything is written: a cluster it cannot reach changes nothing), else None."""
+    check_engine(engine, address)
+    if engine != "ray" or all(job_state(job) == "done" for job in jobs):
+        yield None
+        return
+    with RayEngine(address) as ray_engine:
+        yield ray_engine
 
 
 @dataclass(frozen=True)
@@ -504,6 +524,8 @@ def reproduce(
     parallel: int | None = None,
     nproc_per_run: int = 1,
     report: Callable[[str], None] | None = None,
+    engine: str = "local",
+    address: str | None = None,
 ) -> Path:
     """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
 
@@ -512,6 +534,8 @@ def reproduce(
     A directory that already holds a reproduction needs ``resume=True`` (and the same scale and study).
     ``parallel`` runs train side by side (default: the scale's); ``nproc_per_run > 1``
     trains each run with DDP over that many processes (``torch.distributed.run``; one per GPU).
+    ``engine="ray"`` trains each run as a Ray task (:mod:`windtunnel.ray_engine`), on a local
+    Ray instance or on the cluster at ``address``, and times the warm-up there too.
     """
     if only not in STUDIES:
         raise ConfigError(f"unknown --only {only!r}; choose from: {', '.join(STUDIES)}")
@@ -547,21 +571,26 @@ def reproduce(
         manifest = Manifest(scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name)
         atomic_write_text(out / STATE_FILE, manifest.to_json())
 
-    checkpoint_state("train")
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
-    if scale.warmup_steps:  # the projection from a measurement on this device, before anything trains
-        threads = max(1, (os.cpu_count() or 1) // (lanes * nproc_per_run))
-        jobs = project_from_warmup(jobs, scale.warmup_steps, threads, say)
-    remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
-    say(
-        f"[reproduce] scale {scale.name}, {study.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
-        + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
-    )
-    say("[reproduce] stage 1/3: training")
-    try:
-        run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)  # None: its own display, a bar on a terminal
-    finally:
-        checkpoint_state("train")  # an interrupted reproduction still counts the time it trained
+    with _training_engine(engine, address, jobs) as ray_engine:
+        checkpoint_state("train")
+        if scale.warmup_steps:  # the projection from a measurement on this device, before anything trains
+            threads = threads_per_run(lanes, nproc_per_run)
+            measure = None if ray_engine is None else ray_engine.measurer(lanes, nproc_per_run, measure_steps_per_s)
+            jobs = project_from_warmup(jobs, scale.warmup_steps, threads, say, measure)
+        remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
+        say(
+            f"[reproduce] scale {scale.name}, {study.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
+            + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
+        )
+        say("[reproduce] stage 1/3: training")
+        try:
+            if ray_engine is None:
+                run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)  # None: its own display, a bar on a terminal
+            else:
+                ray_engine.run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
+        finally:
+            checkpoint_state("train")  # an interrupted reproduction still counts the time it trained
 
     checkpoint_state("analyze")
     say("[reproduce] stage 2/3: analyses")

@@ -27,13 +27,10 @@ from windtunnel.report.claim_types import median_of
 from windtunnel.report.claims import evaluate_claims, variant_name
 from windtunnel.report.folder import (
     INIT_DIR,
-    MANIFEST_FILE,
     REPORTABLE_STAGES,
     Manifest,
-    ManifestRun,
     ReportError,
     RunRecord,
-    SavedConfig,
     SavedRun,
     load_results,
 )
