@@ -2,6 +2,7 @@
 
     windtunnel sample bijection --n 2 --seed 0 --set V=8 --set with_replacement=true
     windtunnel sample hmm --n 1 --format table
+    windtunnel export runs/hmm --to transformer-lens exports/hmm
 
 Bad input (unknown tunnel or key, wrong type, value out of range) prints one line on
 stderr and exits with status 2.
@@ -24,6 +25,7 @@ from windtunnel import __version__
 from windtunnel.analysis.runner import ANALYSES, analyze
 from windtunnel.command import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
+from windtunnel.export import FORMATS, export_run
 from windtunnel.files import DirectoryInUse, directory_lock
 from windtunnel.jobs import JobFailed, TrainJob, run_jobs
 from windtunnel.memory import check_fits
@@ -186,6 +188,20 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--only", nargs="+", default=[], metavar="NAME", help=f"analyses to run (default all: {', '.join(ANALYSES)})")
     analyze.add_argument("--out", help="output directory (required for several runs)")
     analyze.set_defaults(run=_cmd_analyze)
+
+    export = commands.add_parser(
+        "export",
+        help="export a trained transformer to TransformerLens (a HookedTransformer)",
+        description="Write RUN_DIR's trained transformer as a TransformerLens HookedTransformer into the new folder "
+        "OUT (config.json and model.safetensors); load it with windtunnel.export.load_transformer_lens(OUT). "
+        "Needs the lens extra: pip install 'windtunnel[lens]'.",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--to", required=True, choices=FORMATS, help=f"the format: {', '.join(FORMATS)}")
+    export.add_argument("out", metavar="OUT", help="the folder to create (a new path or an empty folder)")
+    export.add_argument("--step", type=_integer, help="export this snapshot instead of the final weights")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it is an earlier export")
+    export.set_defaults(run=_cmd_export)
     return parser
 
 
@@ -372,6 +388,11 @@ def _cmd_analyze(args: argparse.Namespace) -> None:
     with _one_writer(Path(args.out), create=True) if args.out else _one_writer(run_dirs[0]):
         written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None, say=_say("analyze"))
     print(json.dumps({name: str(path) for name, path in written.items()}))
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    result = export_run(Path(args.run_dir), Path(args.out), to=args.to, step=args.step, overwrite=args.overwrite)
+    print(json.dumps(result))
 
 
 def _say(stage: str) -> Callable[[str], None]:
