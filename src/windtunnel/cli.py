@@ -23,7 +23,7 @@ import torch
 
 from windtunnel import __version__
 from windtunnel.analysis.runner import ANALYSES, analyze
-from windtunnel.command import EXIT_INTERRUPTED
+from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
 from windtunnel.export import FORMATS, export_run
 from windtunnel.files import DirectoryInUse, directory_lock

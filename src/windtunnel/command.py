@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 
-EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
+from windtunnel.exit_codes import EXIT_INTERRUPTED
 
 
 def run() -> None:

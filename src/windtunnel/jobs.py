@@ -35,6 +35,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from windtunnel.config import ConfigError
+from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.history import METRICS_FILE, MetricsError, parse_metrics
 from windtunnel.progress import is_terminal
 from windtunnel.run_config import RunConfig, load_run_config
@@ -188,7 +189,7 @@ def run_jobs(
                     if code is None:
                         continue
                     del running[name]
-                    if code == 130:  # stopped from outside: stop the others too, so all resume together
+                    if code == EXIT_INTERRUPTED:  # stopped from outside: stop the others too, so all resume together
                         _stop(running)
                         raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
                     if code != 0:

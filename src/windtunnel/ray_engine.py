@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from windtunnel.command import EXIT_INTERRUPTED
+from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
 from windtunnel.jobs import (
     JobFailed,
