@@ -29,8 +29,9 @@ tiny: install
 architectures: install
 	$(BIN)/windtunnel reproduce --scale cpu --only architectures --out reproduction-architectures --resume
 
+# Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 bench: install
 	$(BIN)/python bench/tunnels.py
