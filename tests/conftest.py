@@ -1,7 +1,9 @@
-"""Shared test fixtures: the tiny training config that the run-directory tests train."""
+"""Shared test fixtures: the tiny training config that the run-directory tests train, and
+the processes a test started (to wait for them to exit, or to kill what a failure left)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,3 +43,28 @@ def _write_config(folder: Path, steps: int = 30, checkpoint_every: int = 5) -> P
 def write_config() -> Callable[..., Path]:
     """Writes the tiny config (a 2-layer transformer on the V = 6 bijection) into a folder."""
     return _write_config
+
+
+def _processes_naming(*paths: object) -> list[int]:
+    """Pids of the live (not zombie) processes whose command line names one of ``paths``:
+    training workers name their run directory, a local Ray instance its temp directory."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue  # exited meanwhile
+        if not zombie and any(str(path) in command for path in paths):
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="session")
+def processes_naming() -> Callable[..., list[int]]:
+    """``processes_naming(*paths)``: the pids of live processes whose command line names one of ``paths``."""
+    return _processes_naming

@@ -49,25 +49,6 @@ def _sweep(config, out, *extra):
     )
 
 
-def _kill_leftovers(out):
-    """SIGKILL every process whose command line names ``out`` (a sweep and its workers, which
-    run in their own sessions): a failed assertion must not leave 300k-step runs behind to
-    slow every later test."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().decode(errors="replace")
-        except OSError:
-            continue  # exited meanwhile
-        if str(out) in command:
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 # Generous: under a loaded CI machine two workers need a while to import torch and step.
 def _wait_for(condition, sweep, seconds=300):
     deadline = time.monotonic() + seconds
@@ -76,7 +57,7 @@ def _wait_for(condition, sweep, seconds=300):
         time.sleep(0.2)
 
 
-def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_path):
+def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_path, processes_naming):
     config = tmp_path / "tiny.toml"
     config.write_text(CONFIG)
     out = tmp_path / "sweep"
@@ -106,7 +87,12 @@ def test_sigint_to_the_sweep_alone_stops_every_worker_and_a_rerun_resumes(tmp_pa
         _, err = rerun.communicate(timeout=180)
         assert rerun.returncode == 130 and "resuming seed_0" in err and "resuming seed_1" in err
     finally:
-        _kill_leftovers(out)
+        # A failed assertion must not leave 300k-step runs behind to slow every later test.
+        for pid in processes_naming(out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert all(list_snapshots(out / f"seed_{s}")[0] == 0 for s in (0, 1))  # the step-0 snapshot of the first start survives
 
 

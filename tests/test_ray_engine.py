@@ -28,25 +28,6 @@ def _sweep(config, out, *engine, env=None):
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _processes_naming(*paths):
-    """Pids of the processes whose command line names one of ``paths`` (the training
-    processes name their run directory; Ray's own processes its temp directory)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue  # exited meanwhile
-        if not zombie and any(str(path) in command for path in paths):
-            found.append(int(entry))
-    return found
-
-
 def _wait_for(condition, what, seconds=180):
     deadline = time.monotonic() + seconds
     while not condition():
@@ -59,7 +40,7 @@ def _steps(out):
 
 
 @pytest.mark.slow
-def test_a_ray_sweep_stopped_twice_and_resumed_ends_bit_identical_to_a_local_one(tmp_path, write_config):
+def test_a_ray_sweep_stopped_twice_and_resumed_ends_bit_identical_to_a_local_one(tmp_path, write_config, processes_naming):
     pytest.importorskip("ray")
     config = write_config(tmp_path, steps=STEPS, checkpoint_every=2)
     out, reference = tmp_path / "ray", tmp_path / "local"
@@ -80,7 +61,7 @@ def test_a_ray_sweep_stopped_twice_and_resumed_ends_bit_identical_to_a_local_one
         assert "run the same command again to resume" in err
         stopped = _steps(out)
         assert all(step is not None and 0 < step <= STEPS for step in stopped) and min(stopped) < STEPS, stopped
-        _wait_for(lambda: not _processes_naming(out, ray_tmp), "the runs and Ray to exit", seconds=30)
+        _wait_for(lambda: not processes_naming(out, ray_tmp), "the runs and Ray to exit", seconds=30)
         assert _steps(out) == stopped
 
         # 2. The driver killed outright (a lost login node): Ray ends the job's workers, and
@@ -89,7 +70,7 @@ def test_a_ray_sweep_stopped_twice_and_resumed_ends_bit_identical_to_a_local_one
         _wait_for(lambda: any(now > before for now, before in zip(_steps(out), stopped)), "a resumed run to checkpoint")
         rerun.kill()
         rerun.communicate(timeout=60)
-        _wait_for(lambda: not _processes_naming(out, ray_tmp), "the runs and Ray to exit after the driver was killed", seconds=60)
+        _wait_for(lambda: not processes_naming(out, ray_tmp), "the runs and Ray to exit after the driver was killed", seconds=60)
         killed = _steps(out)
         assert all(step is not None for step in killed) and min(killed) < STEPS and killed != stopped, killed
 
@@ -98,14 +79,14 @@ def test_a_ray_sweep_stopped_twice_and_resumed_ends_bit_identical_to_a_local_one
         _, err = final.communicate(timeout=300)
         assert final.returncode == 0, err
         assert all(f"resuming seed_{seed}" in err for seed, step in enumerate(killed) if step < STEPS), err
-        assert not _processes_naming(out, ray_tmp)
+        assert not processes_naming(out, ray_tmp)
 
         # 4. The same sweep, never interrupted, on the local engine.
         local = _sweep(config, reference)
         _, err = local.communicate(timeout=300)
         assert local.returncode == 0, err
     finally:
-        for pid in _processes_naming(out, reference, ray_tmp):  # a failed assertion leaves nothing running
+        for pid in processes_naming(out, reference, ray_tmp):  # a failed assertion leaves nothing running
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

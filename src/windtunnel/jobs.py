@@ -43,7 +43,10 @@ from windtunnel.runs import CONFIG_FILE, read_run_config
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step
 from windtunnel.training.trainer import TrainingInterrupted
 
-__all__ = ["JobFailed", "TrainJob", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command", "worker_env"]
+__all__ = [
+    "JobFailed", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
+    "unfinished", "worker_env",
+]
 
 State = Literal["done", "partial", "new"]
 
@@ -144,14 +147,10 @@ def run_jobs(
     (default: printed to stderr, with a bar over the runs when stderr is a terminal).
     Raises JobFailed naming the job and its log if a worker fails.
     """
-    if parallel < 1 or nproc_per_run < 1:
-        raise ConfigError(f"--jobs and --nproc-per-run must be at least 1, got {parallel} and {nproc_per_run}")
     say = report or (lambda line: print(line, file=sys.stderr, flush=True))
-    states = {job.name: job_state(job) for job in jobs}
-    pending = [job for job in jobs if states[job.name] != "done"]
+    states, pending = unfinished(jobs, parallel, nproc_per_run, say)
     total, done = len(jobs), len(jobs) - len(pending)
     if not pending:
-        say(f"[train] all {total} runs already done")
         return
     say(f"[train] {done}/{total} runs already done; {len(pending)} to go, {parallel} at a time")
     bar: tqdm | None = None
@@ -189,12 +188,10 @@ def run_jobs(
                     if code is None:
                         continue
                     del running[name]
-                    if code == EXIT_INTERRUPTED:  # stopped from outside: stop the others too, so all resume together
+                    error = exit_error(job, code)
+                    if error is not None:  # stop the others too, so all resume together
                         _stop(running)
-                        raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
-                    if code != 0:
-                        _stop(running)
-                        raise JobFailed(f"training {job.name} failed (exit {code}): {last_log_line(job)} (log: {job.log})")
+                        raise error
                     done += 1
                     say(f"[train] {done}/{total} done: {job.name}")
                 now = time.monotonic()
@@ -213,6 +210,31 @@ def run_jobs(
             if bar is not None:
                 bar.n = done  # the bar's last state: the runs finished
                 bar.close()
+
+
+def unfinished(
+    jobs: Sequence[TrainJob], parallel: int, nproc_per_run: int, say: Callable[[str], None]
+) -> tuple[dict[str, State], list[TrainJob]]:
+    """Every job's state on disk, and the jobs not yet done, in order (what both engines
+    start from); says so when none is left. Refuses a ``parallel`` or ``nproc_per_run`` below 1."""
+    if parallel < 1 or nproc_per_run < 1:
+        raise ConfigError(f"--jobs and --nproc-per-run must be at least 1, got {parallel} and {nproc_per_run}")
+    states = {job.name: job_state(job) for job in jobs}
+    pending = [job for job in jobs if states[job.name] != "done"]
+    if not pending:
+        say(f"[train] all {len(jobs)} runs already done")
+    return states, pending
+
+
+def exit_error(job: TrainJob, code: int) -> Exception | None:
+    """What a worker's exit ``code`` means for the set of runs: None for success,
+    TrainingInterrupted for a run stopped from outside (its state saved), else JobFailed
+    naming the job, the last line it logged and its log."""
+    if code == 0:
+        return None
+    if code == EXIT_INTERRUPTED:
+        return TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
+    return JobFailed(f"training {job.name} failed (exit {code}): {last_log_line(job)} (log: {job.log})")
 
 
 def last_log_line(job: TrainJob) -> str:

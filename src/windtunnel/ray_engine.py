@@ -41,12 +41,12 @@ from windtunnel.jobs import (
     JobFailed,
     State,
     TrainJob,
-    job_state,
-    last_log_line,
+    exit_error,
     status_line,
     stop_signals,
     threads_per_run,
     train_command,
+    unfinished,
     worker_env,
 )
 from windtunnel.training.trainer import TrainingInterrupted
@@ -140,15 +140,11 @@ class RayEngine:
         """
         import ray
 
-        if parallel < 1 or nproc_per_run < 1:
-            raise ConfigError(f"--jobs and --nproc-per-run must be at least 1, got {parallel} and {nproc_per_run}")
         say = report or (lambda line: print(line, file=sys.stderr, flush=True))
         jobs = [_absolute(job) for job in jobs]  # the workers' working directory is not this one
-        states = {job.name: job_state(job) for job in jobs}
-        pending = [job for job in jobs if states[job.name] != "done"]
+        states, pending = unfinished(jobs, parallel, nproc_per_run, say)
         total, done = len(jobs), len(jobs) - len(pending)
         if not pending:
-            say(f"[train] all {total} runs already done")
             return
         cluster = ray.cluster_resources()
         say(
@@ -184,12 +180,10 @@ class RayEngine:
                         except ray.exceptions.RayError as error:  # its worker or node died, or the task raised
                             _stop(gate, outstanding)
                             raise JobFailed(f"training {job.name} failed on Ray: {_first_line(error)} (log: {job.log})") from None
-                        if code == EXIT_INTERRUPTED:  # stopped from outside: stop the others too, so all resume together
+                        error = exit_error(job, code)
+                        if error is not None:  # stop the others too, so all resume together
                             _stop(gate, outstanding)
-                            raise TrainingInterrupted(f"{job.name} was interrupted; run again to resume")
-                        if code != 0:
-                            _stop(gate, outstanding)
-                            raise JobFailed(f"training {job.name} failed (exit {code}): {last_log_line(job)} (log: {job.log})")
+                            raise error
                         done += 1
                         say(f"[train] {done}/{total} done: {job.name}")
                     now = time.monotonic()
