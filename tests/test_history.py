@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from windtunnel.history import HMM_PLATEAU_EXIT_MAE_BITS, plateau_exit_step, read_metrics
+from windtunnel.history import (
+    HMM_PLATEAU_EXIT_MAE_BITS,
+    plateau_exit_step,
+    read_metrics,
+)
 from windtunnel.jobs import TrainJob
 from windtunnel.report.build import _runs_section
-from windtunnel.reproduce import SCALES, configs_folder
+from windtunnel.studies import SCALES, configs_folder
 
 CPU = configs_folder(SCALES["cpu"])
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,10 +26,10 @@ from windtunnel.report.primitives import (
     primitive_sections,
     primitive_verdict,
 )
+from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.runs import build_run_model
-from windtunnel.reproduce import ARCHITECTURES, PRIMITIVE_TUNNELS, STUDIES, plan_analyses, plan_runs
+from windtunnel.studies import ARCHITECTURES, PRIMITIVE_TUNNELS, STUDIES
 from windtunnel.tunnels.base import primitive_of
-
 
 # --- the criterion on stated numbers -------------------------------------------------------
 

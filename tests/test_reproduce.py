@@ -21,15 +21,9 @@ from windtunnel.cli import main
 from windtunnel.report.build import FIGURE_PLAN
 from windtunnel.report.claims import CLAIMS, evaluate_claims
 from windtunnel.report.folder import INIT_DIR, load_results
-from windtunnel.reproduce import (
-    GROUPS,
-    PRESET_NAMES,
-    SCALES,
-    configs_folder,
-    plan_analyses,
-    plan_runs,
-)
+from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.run_config import load_run_config
+from windtunnel.studies import GROUPS, PRESET_NAMES, SCALES, configs_folder
 
 pytestmark = pytest.mark.slow
 

@@ -1,12 +1,9 @@
-"""``windtunnel reproduce``: every run the paper needs, every analysis, and the report.
+"""``windtunnel reproduce``: every run a study needs, every analysis, and the report.
 
-Three scales of the same plan (:data:`SCALES`):
-
-- ``tiny``: minutes-scale models trained for a few hundred steps; a first look at the whole
-  pipeline in about two minutes (and the end-to-end test). Its numbers mean nothing.
-- ``cpu`` (default): the ``configs/cpu`` presets, 100 minutes on 2 AVX-512 CPU cores (longer
-  on slower ones); what was cut relative to the paper is listed in the report.
-- ``paper``: the ``configs/paper`` presets, the paper's protocol and seeds; expects a GPU.
+What is reproduced (the studies, their presets, scales and analysis groups) is data in
+:mod:`windtunnel.studies`; this module plans the runs of one study at one scale, times a
+warm-up of each preset where the scale asks for it, trains the runs (on this machine, or on
+Ray), analyzes them and builds the report, in three resumable stages.
 
 Layout of ``--out DIR``::
 
@@ -32,230 +29,39 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from windtunnel.config import ConfigError
+from windtunnel.files import atomic_write_text, has_content
 from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
 from windtunnel.ray_engine import RayEngine, check_engine
-from windtunnel.files import atomic_write_text, has_content
 from windtunnel.report.build import build_report
-from windtunnel.report.folder import INIT_DIR, MANIFEST_FILE, Manifest, ManifestRun, ReportError
-
-__all__ = ["SCALES", "STUDIES", "AnalysisGroup", "Scale", "Study", "plan_analyses", "plan_runs", "reproduce"]
-
-@dataclass(frozen=True)
-class Preset:
-    """A training run of the plan: a config file under ``configs/<scale>/`` and overrides
-    that make a task variant of it (a twin trained on the authors' sampling)."""
-
-    name: str
-    config: str
-    overrides: tuple[str, ...] = ()
-
-
-#: The authors' HMM generator: every entry of T and E floored at 0.05, on the 0.01 grid. The
-#: paper's HMM numbers belong to it (its context-free prior scores 0.414 bits, the paper's
-#: MLP "0.40"; ours without the floor 0.52-0.55).
-AUTHORS_HMM = ("tunnel.floor=0.05", "tunnel.grid=0.01")
-#: The authors' bijection sampling: inputs drawn with replacement (their default), 19 pairs.
-AUTHORS_BIJECTION = ("tunnel.with_replacement=true",)
-
-#: The curriculum of configs/cpu/bijection_replacement_transformer.toml, given to its MLP twin
-#: at the scales that use the CPU presets: within a task every model sees the same training
-#: stream (SPEC §5; tests/test_reproduce.py holds the two equal).
-CPU_REPLACEMENT_CURRICULUM = (
-    "tunnel.repeat_window=1",
-    "train.curriculum.param=repeat_rate",
-    "train.curriculum.start=0.6",
-    "train.curriculum.steps=1500",
-    "train.curriculum.shape=linear",
+from windtunnel.report.folder import (
+    INIT_DIR,
+    MANIFEST_FILE,
+    Manifest,
+    ManifestRun,
+    ReportError,
+)
+from windtunnel.studies import (
+    GROUPS,
+    HISTORY_ANALYSES,
+    PRESETS,
+    SCALES,
+    STUDIES,
+    AnalysisGroup,
+    Preset,
+    Scale,
+    configs_folder,
 )
 
-#: The runs a reproduction trains, in plan order.
-PRESETS = (
-    Preset("bijection_transformer", "bijection_transformer"),
-    Preset("bijection_mlp", "bijection_mlp"),
-    Preset("bijection_replacement_transformer", "bijection_replacement_transformer"),
-    Preset("bijection_replacement_mlp", "bijection_mlp", AUTHORS_BIJECTION),
-    Preset("hmm_transformer", "hmm_transformer"),
-    Preset("hmm_mlp", "hmm_mlp"),
-    Preset("hmm_late_attention_off", "hmm_late_attention_off"),
-    Preset("hmm_transformer_floor", "hmm_transformer", AUTHORS_HMM),
-    Preset("hmm_mlp_floor", "hmm_mlp", AUTHORS_HMM),
-    Preset("hmm_late_attention_off_floor", "hmm_late_attention_off", AUTHORS_HMM),
-)
-PRESET_NAMES = tuple(preset.name for preset in PRESETS)
+__all__ = ["measure_steps_per_s", "plan_analyses", "plan_runs", "project_from_warmup", "reproduce"]
 
 #: The reproduction's manifest, rewritten at every stage: it resumes from it, the report reads it.
 STATE_FILE = MANIFEST_FILE
-
-_TINY_TRANSFORMER = ("model.d_model=32", "model.d_mlp=64", "model.n_heads=2")
-# The CPU HMM presets have 6 layers; the tiny scale keeps 4 (its late-attention variant
-# without attention in layers 2 and 3, the top two), as for the bijection.
-_TINY_HMM_TRANSFORMER = (*_TINY_TRANSFORMER, "model.n_layers=4", "model.init_std=0.02")
-_TINY_HMM_LATE_ATTENTION_OFF = (*_TINY_HMM_TRANSFORMER, "model.no_attention_layers=[2, 3]")
-# Too few parameters for 18 blocks: 4 blocks, the width chosen to match the tiny transformer.
-_TINY_MLP = (
-    "model.d_model=32",
-    "model.n_blocks=4",
-    "model.matched_to.d_model=32",
-    "model.matched_to.d_mlp=64",
-    "model.matched_to.n_heads=2",
-)
-_TINY_HMM_MLP = (*_TINY_MLP, "model.matched_to.n_layers=4", "model.matched_to.init_std=0.02")
-_TINY_TRAIN = (
-    "train.steps=150",
-    "train.batch_size=32",
-    "train.warmup_steps=20",
-    "train.eval_every=0",
-    "train.checkpoint_every=50",
-    "eval.n=256",
-    "eval.bootstrap=200",
-)
-
-
-@dataclass(frozen=True)
-class Scale:
-    """One size of the reproduction.
-
-    Attributes:
-        configs: the preset folder (``cpu`` or ``paper``).
-        seeds: seeds per preset (presets not named: 1; 0 leaves the preset out).
-        overrides: ``--set`` overrides per preset (``"*"``: every preset).
-        parallel: runs trained side by side by default.
-        expected_s: measured wall seconds per run of each preset at ``parallel`` (for the ETA).
-        hardware: what the scale expects, said before anything starts.
-        cuts: what differs from the paper's protocol, listed in the report.
-        warmup_steps: steps of each run's training step timed on the device found before
-            training starts, to state the projected time per run from a measurement rather
-            than from ``expected_s`` (0: no warm-up; ``expected_s`` is the guess).
-    """
-
-    name: str
-    configs: str
-    seeds: Mapping[str, int]
-    overrides: Mapping[str, tuple[str, ...]]
-    parallel: int
-    expected_s: Mapping[str, float]
-    hardware: str
-    cuts: tuple[str, ...] = field(default=())
-    warmup_steps: int = 0
-
-    def overrides_for(self, preset: str) -> tuple[str, ...]:
-        return (*self.overrides.get("*", ()), *self.overrides.get(preset, ()))
-
-
-SCALES: dict[str, Scale] = {
-    "tiny": Scale(
-        name="tiny",
-        configs="cpu",
-        seeds={
-            "bijection_transformer": 2,
-            "hmm_transformer_floor": 0,
-            "hmm_late_attention_off_floor": 0,
-        },
-        overrides={
-            "*": _TINY_TRAIN,
-            "bijection_transformer": _TINY_TRANSFORMER,
-            "bijection_replacement_transformer": _TINY_TRANSFORMER,
-            "hmm_transformer": _TINY_HMM_TRANSFORMER,
-            "hmm_late_attention_off": _TINY_HMM_LATE_ATTENTION_OFF,
-            "bijection_mlp": _TINY_MLP,
-            "bijection_replacement_mlp": (*_TINY_MLP, *CPU_REPLACEMENT_CURRICULUM),
-            "hmm_mlp": _TINY_HMM_MLP,
-            "hmm_mlp_floor": _TINY_HMM_MLP,
-        },
-        parallel=2,
-        expected_s={"bijection": 12.0, "hmm": 20.0},
-        hardware="any machine; about two minutes on 2 CPU cores",
-        cuts=(
-            "A smoke test of the pipeline, not a result: d_model 32 models trained for 150 steps of 32 "
-            "sequences, 256 held-out sequences. No number in this report should be read as a finding.",
-        ),
-    ),
-    "cpu": Scale(
-        name="cpu",
-        configs="cpu",
-        seeds={
-            "bijection_transformer": 3,
-            "hmm_transformer": 3,
-            "hmm_transformer_floor": 0,
-            "hmm_late_attention_off_floor": 0,
-        },
-        overrides={
-            "bijection_mlp": ("train.steps=1000",),
-            "bijection_replacement_mlp": ("train.steps=1000", *CPU_REPLACEMENT_CURRICULUM),
-            "hmm_mlp": ("train.steps=2000",),
-            "hmm_mlp_floor": ("train.steps=2000",),
-        },
-        parallel=2,
-        # Measured (bc62292, AMD EPYC with AVX-512), two single-threaded runs side by side on 2 cores.
-        expected_s={
-            "bijection_transformer": 490.0,
-            "bijection_mlp": 80.0,
-            "bijection_replacement_transformer": 550.0,
-            "bijection_replacement_mlp": 80.0,
-            "hmm_transformer": 2280.0,
-            "hmm_mlp": 95.0,
-            "hmm_mlp_floor": 85.0,
-            "hmm_late_attention_off": 1500.0,
-        },
-        hardware="2 CPU cores: about 100 minutes on an AVX-512 AMD EPYC (measured), about 2.5 hours projected on an AVX2-only one",
-        cuts=(
-            "Models of 0.17M-0.2M parameters (bijection: 4 layers, 4 heads, d_model 64; HMM: 6 layers, 4 heads, "
-            "d_model 48, initial weights of std 0.04) instead of 2.7M-7.2M.",
-            "3,000 steps (bijection) and 12,000 steps (HMM) with warm-up and cosine decay, instead of 100k-150k; "
-            "the HMM's peak learning rate 5e-3 after 1,000 warm-up steps (the paper: 3e-4). The HMM model first sits "
-            "on a plateau (it predicts the stationary distribution of T times the current emission column) and "
-            "leaves it when heads that read the recent observations form; the step depends on the recipe and the "
-            "seed: this recipe left it within the first third of training on 4 of 5 seeds measured (the runs table "
-            "gives each run's step, and names a run that never left it).",
-            "Soft targets (the exact posterior) for the bijection too; the HMM header on a 0.05 grid instead of 0.01.",
-            "The MLP controls train 1,000 (bijection) and 2,000 (HMM) steps: they reach the context-free prior, "
-            "the best any predictor that cannot see other tokens can do, within a few hundred.",
-            "Seeds: 3 for the bijection transformer (ablations, seed overlay) and 3 for the HMM transformer (the "
-            "paper: 5), whose claims are decided on the median of the seeds, with the range shown; 1 for the MLP "
-            "controls and the late-attention variant. The step at which each HMM seed left its plateau is in the "
-            "runs table, and a seed that never did is named there.",
-            "The paper's numbers belong to the authors' task variants: bijection inputs drawn with replacement, and "
-            "HMM rows floored at 0.05 on a 0.01 grid. At this scale the bijection transformer and MLP are trained on "
-            "both bijection variants, and on the HMM only the MLP control (and the context-free prior) on the "
-            "authors' variant, beside ours (no floor, grid 0.05); each claim row names the variant of every number.",
-            "The bijection transformer with replacement (Fig 2) trains on a curriculum the paper does not use: for "
-            "the first 1,500 steps an input copies an earlier one more often than by chance (repeat_rate 0.6 -> 0, "
-            "half of the copies from the latest pair; the exact posterior is unchanged, and its MLP twin shares "
-            "the stream). Without it the model stays at the uniform prediction for all 3,000 steps (measured): "
-            "averaged over a repeated or a new input the exact posterior is uniform. One seed here (seed 0); seeds "
-            "0 / 1 / 2 reach 0.0179 / 0.0197 / 0.0222 mae_bits (AMD EPYC).",
-        ),
-    ),
-    "paper": Scale(
-        name="paper",
-        configs="paper",
-        seeds={"bijection_transformer": 3, "hmm_transformer": 5},
-        overrides={},
-        parallel=1,
-        expected_s={"bijection": 8 * 3600.0, "hmm": 8 * 3600.0},
-        hardware="one GPU (the paper: ~8 h per run on an RTX 4090; 16 runs); on 2 CPU cores ~19 h per bijection run, ~4 days per HMM run",
-        warmup_steps=6,
-        cuts=(
-            "Nothing is cut. Beside the paper's protocol on our task variants (bijection without replacement; HMM "
-            "rows without a floor), the bijection MLP control and every HMM preset also train on the authors' "
-            "variants (with replacement; rows floored at 0.05 on the 0.01 grid), where the paper's numbers belong, "
-            "and each claim is judged there.",
-        ),
-    ),
-}
-
-
-def configs_folder(scale: Scale) -> Path:
-    """The preset folder shipped with the package."""
-    return Path(str(resources.files("windtunnel") / "configs" / scale.configs))
 
 
 def plan_runs(scale: Scale, out: Path, presets: Sequence[Preset] = PRESETS) -> list[TrainJob]:
@@ -348,140 +154,6 @@ def _training_engine(engine: str, address: str | None, jobs: Sequence[TrainJob])
     with RayEngine(address) as ray_engine:
         yield ray_engine
 
-
-@dataclass(frozen=True)
-class AnalysisGroup:
-    """Runs analyzed together into ``out/analysis/<name>`` (``only``: those analyses; empty:
-    every analysis of seeds of one configuration that applies)."""
-
-    name: str
-    presets: tuple[str, ...]
-    only: tuple[str, ...] = ()
-
-
-#: What is analyzed together: seeds of one model (averaged; named after the preset), and
-#: models of one task variant (compared; named after the variant). A comparison group of which
-#: a scale trains one model only gets that model's per-position analysis instead of Table 1.
-GROUPS = (
-    AnalysisGroup("bijection_transformer", ("bijection_transformer",)),
-    AnalysisGroup("bijection_replacement_transformer", ("bijection_replacement_transformer",), ("calibration",)),
-    AnalysisGroup("bijection", ("bijection_transformer", "bijection_mlp"), ("model_comparison", "seeds")),
-    AnalysisGroup(
-        "bijection_with_replacement",
-        ("bijection_replacement_transformer", "bijection_replacement_mlp"),
-        ("model_comparison", "length_generalization"),
-    ),
-    AnalysisGroup("hmm_transformer", ("hmm_transformer",)),
-    AnalysisGroup("hmm_mlp", ("hmm_mlp",), ("calibration", "value_manifold", "linear_probes")),
-    AnalysisGroup("hmm", ("hmm_transformer", "hmm_mlp", "hmm_late_attention_off"), ("model_comparison", "late_attention", "seeds")),
-    AnalysisGroup("hmm_transformer_floor", ("hmm_transformer_floor",), ("layer_ablation", "length_generalization", "relabeling")),
-    AnalysisGroup(
-        "hmm_floor",
-        ("hmm_transformer_floor", "hmm_mlp_floor", "hmm_late_attention_off_floor"),
-        ("model_comparison", "late_attention", "length_generalization"),
-    ),
-)
-
-#: The architectures study's tunnels (``configs/primitives/<tunnel>_<family>.toml``), one per
-#: inference primitive of the paper's later versions, the binding one at two sizes: 4 stored
-#: pairs, and 8, where a fixed-size state has to hold twice as much.
-PRIMITIVE_TUNNELS = ("bijection", "hmm", "recall4", "recall8")
-#: Its model families, in the order of the paper's table.
-ARCHITECTURES = ("transformer", "mamba", "lstm", "mlp")
-ARCHITECTURE_PRESETS = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES)
-#: Each tunnel's four models compared: Table 1 per tunnel, from which the report's primitives table is built.
-ARCHITECTURE_GROUPS = tuple(
-    AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in PRIMITIVE_TUNNELS
-)
-
-#: Seeds at the CPU scale: three for the transformer, the LSTM and the MLP (a few minutes
-#: each), whose verdicts are decided on the median; one for Mamba, whose run takes 5-13 times
-#: theirs (the 60-minute budget; the cuts say so).
-CPU_PRIMITIVES_SEEDS = {f"{t}_{a}": 3 for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES if a != "mamba"}
-#: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing:
-#: the Mamba runs start first): measured from a fresh clone of 541fc90 on an AMD EPYC (Zen 3).
-CPU_PRIMITIVES_EXPECTED_S = {
-    "bijection_transformer": 85.0, "hmm_transformer": 110.0, "recall4_transformer": 50.0, "recall8_transformer": 50.0,
-    "bijection_mamba": 660.0, "hmm_mamba": 745.0, "recall4_mamba": 325.0, "recall8_mamba": 535.0,
-    "bijection_lstm": 72.0, "hmm_lstm": 78.0, "recall4_lstm": 42.0, "recall8_lstm": 60.0,
-    "bijection_mlp": 36.0, "hmm_mlp": 42.0, "recall4_mlp": 18.0, "recall8_mlp": 18.0,
-}
-CPU_PRIMITIVES_HARDWARE = "2 CPU cores: about 40 minutes on an AVX2 AMD EPYC (Zen 3)"
-CPU_PRIMITIVES_CUTS = (
-    "Models of 60k-90k parameters (transformers of 2 layers, d_model 48, 4 heads; the HMM's 3 layers), each control "
-    "matched to its tunnel's transformer within 1%, instead of 2.7M-7.2M; 3,000 steps of batch 64 with warm-up and "
-    "cosine decay, soft targets, for every architecture of a tunnel alike.",
-    "Smaller tunnels: the bijection at V = 16 (the paper: 20); the HMM with S = M = 2 and K = 12 (the paper: 5, 5, 20), "
-    "its header on the 0.05 grid; associative recall with 4 and 8 stored pairs of 16 keys and 16 values (the paper "
-    "gives no size). Each transformer's depth and peak learning rate were chosen by measurement on seed 0 (README, "
-    "Architectures): 3 layers at 2e-3 learned recall late or not at all within 3,000 steps, 2 layers at 1e-3 learned it.",
-    "Mamba with d_state 4 (the published 16): mambapy's parallel scan materializes [batch, length, d_inner, d_state], "
-    "and a Mamba run already takes 5-6 times a transformer's time on a CPU. A smaller state is a handicap where state "
-    "capacity matters (binding); the paper-scale presets keep 16.",
-    "Three seeds for the transformer, the LSTM and the MLP, whose verdicts are decided on the median with the range "
-    "over seeds shown; one for Mamba (a Mamba run takes 5-13 times theirs), whose interval is its 95% bootstrap "
-    "interval over 2,048 held-out sequences: that does not cover the spread over seeds, so a Mamba verdict near a "
-    "threshold could differ on another seed.",
-)
-
-_TINY_PRIMITIVES_TRAIN = (
-    "train.steps=60",
-    "train.batch_size=16",
-    "train.warmup_steps=10",
-    "train.eval_every=0",
-    "train.checkpoint_every=30",
-    "eval.n=128",
-    "eval.bootstrap=100",
-)
-
-ARCHITECTURE_SCALES: dict[str, Scale] = {
-    "tiny": Scale(
-        name="tiny",
-        configs="primitives",
-        seeds={},
-        overrides={"*": _TINY_PRIMITIVES_TRAIN},
-        parallel=2,
-        expected_s={"bijection": 5.0, "hmm": 5.0, "recall4": 5.0, "recall16": 10.0},
-        hardware="any machine; about a minute on 2 CPU cores",
-        cuts=("A smoke test of the pipeline, not a result: the CPU presets trained for 60 steps, 128 held-out "
-              "sequences. No number in this report should be read as a finding.",),
-    ),
-    "cpu": Scale(
-        name="cpu",
-        configs="primitives",
-        seeds=CPU_PRIMITIVES_SEEDS,
-        overrides={},
-        parallel=2,
-        expected_s=CPU_PRIMITIVES_EXPECTED_S,
-        hardware=CPU_PRIMITIVES_HARDWARE,
-        cuts=CPU_PRIMITIVES_CUTS,
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Study:
-    """What a reproduction trains and analyzes (``windtunnel reproduce --only NAME``), at
-    each scale it has."""
-
-    name: str
-    presets: tuple[Preset, ...]
-    groups: tuple[AnalysisGroup, ...]
-    scales: Mapping[str, Scale]
-    why_not: str = ""  # why the scales it lacks are absent
-
-
-STUDIES = {
-    "claims": Study("claims", PRESETS, GROUPS, SCALES),
-    "architectures": Study(
-        "architectures", ARCHITECTURE_PRESETS, ARCHITECTURE_GROUPS, ARCHITECTURE_SCALES,
-        why_not="its paper-scale presets (associative recall at the paper's size) are not written yet",
-    ),
-}
-
-
-#: Analyses that read a run's training history rather than its weights: not run at initialization.
-HISTORY_ANALYSES = ("training_dynamics",)
 
 
 def plan_analyses(
@@ -594,7 +266,10 @@ def reproduce(
 
     checkpoint_state("analyze")
     say("[reproduce] stage 2/3: analyses")
-    from windtunnel.analysis import ANALYSES, load_runs  # heavy imports only once training is done
+    from windtunnel.analysis import (  # heavy imports only once training is done
+        ANALYSES,
+        load_runs,
+    )
     from windtunnel.analysis.runner import analyze_runs
 
     per_configuration = tuple(name for name, analysis in ANALYSES.items() if analysis.scope == "seeds")

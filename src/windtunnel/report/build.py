@@ -94,7 +94,7 @@ FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
 )
 
 
-#: Table 1's comparison groups (see ``reproduce.GROUPS``): ours, then the authors' variant.
+#: Table 1's comparison groups (see ``studies.GROUPS``): ours, then the authors' variant.
 TABLE1_GROUPS = ("bijection", "bijection_with_replacement", "hmm", "hmm_floor")
 
 

@@ -20,7 +20,7 @@ Values = Mapping[str, Any]
 #: The metric the paper's numbers are in, by tunnel.
 PAPER_METRIC = {"bijection": "mae_aggregate_bits", "hmm": "kl_bits"}
 
-#: Comparison groups of each tunnel, the paper's task variant first (see ``reproduce.GROUPS``):
+#: Comparison groups of each tunnel, the paper's task variant first (see ``studies.GROUPS``):
 #: the authors sample bijection inputs with replacement, and floor every HMM entry at 0.05.
 VARIANT_GROUPS = {"bijection": ("bijection_with_replacement", "bijection"), "hmm": ("hmm_floor", "hmm")}
 

@@ -40,7 +40,7 @@ MANIFEST_FILE = "reproduce.json"
 #: A run's resolved config, in its directory (``windtunnel.runs.CONFIG_FILE``; the report
 #: imports no run code, which needs the models).
 RUN_CONFIG_FILE = "config.json"
-#: The studies a report can be built for (``reproduce.STUDIES``; the report imports no plan).
+#: The studies a report can be built for (``studies.STUDIES``; the report imports no plan).
 STUDY_NAMES = ("claims", "architectures")
 #: The stages of a reproduction whose analyses are all written: its report can be built.
 REPORTABLE_STAGES = ("report", "done")
@@ -78,7 +78,7 @@ class ManifestRun:
     Attributes:
         name: the run's name, ``<preset>_seed<seed>``.
         run_dir: its run directory, relative to the reproduction's folder (POSIX separators).
-        preset: the preset it trains (``reproduce.PRESETS``).
+        preset: the preset it trains (``studies.PRESETS``).
         seed: its ``train.seed``.
     """
 
@@ -101,7 +101,7 @@ class Manifest:
         hardware: what the scale expects.
         cuts: what the scale cuts relative to the paper's protocol, one paragraph each.
         runs: its training runs, in plan order.
-        study: what it reproduces (``reproduce.STUDIES``): ``claims``, the paper's claims, or
+        study: what it reproduces (``studies.STUDIES``): ``claims``, the paper's claims, or
             ``architectures``, the primitives table (a manifest without one is of the claims).
     """
 
