@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper scale's GPU check (issue 15), as one script for a lent CUDA machine: about 9 minutes.
+# The paper scale's GPU check (issue 15), as one script for a lent CUDA machine: about 9.5 minutes.
 #
 #   OUT=out bash bench/gpu_check.sh        # from the repository root, on the GPU machine
 #
@@ -9,6 +9,12 @@
 #    with its batches drawn on the GPU, stopped by a Ctrl-C (SIGINT: the trainer finishes the
 #    step, saves, exits 130) after TRAIN_S seconds, evaluated every 1,000 steps: mae_bits and
 #    kl_bits over time are in $OUT/metrics.jsonl.
+# 3. The analyses whose forward passes run on the device (traced: keys, values, attention,
+#    probes; through the predictor: calibration, layer ablation) on that run, on CUDA, into
+#    $OUT/analysis_cuda. The run comes back in $OUT/bijection_run, so the same analyses on
+#    the CPU, back here, are compared number by number at no device time:
+#      windtunnel analyze $OUT/bijection_run --device cpu --only $ANALYSES --out /tmp/analysis_cpu
+#      python bench/compare_analyses.py $OUT/analysis_cuda /tmp/analysis_cpu
 #
 # The device machine's image has its own python3 with a CUDA PyTorch (no installs there), so
 # the code runs from src/ on PYTHONPATH; mambapy (imported by the model registry) is carried
@@ -16,7 +22,8 @@
 # /tmp/w/*.whl -d .gpu_deps`, and `.gpu_deps` named in the device run's carry.
 set -uo pipefail
 OUT=${OUT:-gpu_check_out}
-TRAIN_S=${TRAIN_S:-300}
+TRAIN_S=${TRAIN_S:-270}
+ANALYSES="calibration layer_ablation key_orthogonality value_manifold qk_sharpening linear_probes"
 export PYTHONPATH="src:.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
@@ -32,6 +39,7 @@ timeout -s INT -k 60 "$TRAIN_S" python3 -m windtunnel train configs/paper/biject
     --set train.eval_every=1000 --set train.checkpoint_every=5000 --quiet 2>"$OUT/train.log"
 echo "train rc=$? (124: stopped by the timer at a step boundary, state saved)"
 cp "$run/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
+rm -rf "$run/checkpoints"  # the snapshots are not needed back; the resume state holds the last weights
 python3 - "$OUT/metrics.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -43,3 +51,7 @@ if rates:
     rates.sort()
     print(f"training: median {rates[len(rates) // 2]:.1f} steps/s over {len(rates)} logged intervals; last step {rows[-1]['step']}")
 EOF
+
+timeout 90 python3 -m windtunnel analyze "$run" --device cuda --only $ANALYSES --out "$OUT/analysis_cuda" \
+    >"$OUT/analyze.json" 2>"$OUT/analyze.log"
+echo "analyze on cuda rc=$?"; tail -3 "$OUT/analyze.log"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from matplotlib import image
 
 from windtunnel.analysis.runner import ANALYSES
@@ -93,3 +94,22 @@ def test_bad_requests_exit_2(runs, capsys, extra, message):
     extra = [str(runs / "seed1") if arg == "SEED1" else arg for arg in extra]
     assert main(["analyze", str(runs / "seed0"), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("tpu", "device must be one of auto, cpu, cuda; got 'tpu'"),
+        pytest.param(
+            "cuda",
+            "device=cuda but no CUDA device is available here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+    ],
+)
+def test_a_device_this_machine_lacks_exits_2_and_writes_nothing(runs, tmp_path, capsys, device, message):
+    out = tmp_path / "out"
+    assert main(["analyze", str(runs / "seed0"), str(runs / "seed1"), "--out", str(out), "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()  # the folder made for the lock is removed again

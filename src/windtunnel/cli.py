@@ -187,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
     analyze.add_argument("--only", nargs="+", default=[], metavar="NAME", help=f"analyses to run (default all: {', '.join(ANALYSES)})")
     analyze.add_argument("--out", help="output directory (required for several runs)")
+    analyze.add_argument(
+        "--device", default="auto", help="where the forward passes run: auto (CUDA when present), cpu or cuda; the statistics run on the host"
+    )
     analyze.set_defaults(run=_cmd_analyze)
 
     export = commands.add_parser(
@@ -386,7 +389,7 @@ def _cmd_analyze(args: argparse.Namespace) -> None:
     run_dirs = [Path(d) for d in args.run_dirs]
     # It writes into --out, or into the one run's directory (RUN_DIR/analysis).
     with _one_writer(Path(args.out), create=True) if args.out else _one_writer(run_dirs[0]):
-        written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None, say=_say("analyze"))
+        written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None, device=args.device, say=_say("analyze"))
     print(json.dumps({name: str(path) for name, path in written.items()}))
 
 

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize
+from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize, traced
 from windtunnel.metrics import entropy_bits
-from windtunnel.models import SequenceModel, run_with_trace
+from windtunnel.models import SequenceModel
 from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import AttentionCategories, lacks
 
@@ -61,7 +61,7 @@ def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: 
         queries = episode.positions  # [P]
         valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
         n_keys = (queries + 1).double()[valid]  # [P']
-        _, trace = run_with_trace(model, episode.tokens, names)
+        _, trace = traced(model, episode.tokens, names)
         B = episode.batch_size
         n_total += B
         for name, keys in categories.items():

@@ -23,16 +23,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from windtunnel.config import to_mapping
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
-from windtunnel.models import Role, model_class
+from windtunnel.models import Role, model_class, run_with_trace
 from windtunnel.run_config import RunConfig
 from windtunnel.runs import build_run_model, load_run_model
+from windtunnel.training.distributed import pick_device
 from windtunnel.tunnels import Episode
 
-__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Configuration", "Run", "RunKey", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "initial_models_of", "load_runs", "register", "scores_at", "summarize"]
+__all__ = ["ANALYSES", "N_DIAGNOSTIC_SEQUENCES", "Analysis", "Configuration", "Run", "RunKey", "by_configuration", "check_same_architecture", "diagnostic_episodes", "eval_set_for", "first_sequences", "head_grid", "initial_models_of", "load_runs", "model_device", "register", "scores_at", "summarize", "traced"]
 
 Scope = Literal["seeds", "comparison"]
 
@@ -90,7 +91,8 @@ def _tunnel_id(config: RunConfig) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """A trained run: its directory, config, model (eval mode, CPU) and the step it was trained to."""
+    """A trained run: its directory, config, model (eval mode, on the device it was loaded
+    to) and the step it was trained to."""
 
     directory: Path
     config: RunConfig
@@ -145,13 +147,36 @@ def by_configuration(runs: Sequence[Run]) -> dict[Configuration, list[Run]]:
     return groups
 
 
-def load_runs(run_dirs: Sequence[Path | str], *, step: int | None = None) -> list[Run]:
-    """Load each run's final model (or snapshot ``step``) in eval mode."""
+def load_runs(run_dirs: Sequence[Path | str], *, step: int | None = None, device: str = "auto") -> list[Run]:
+    """Load each run's final model (or snapshot ``step``) in eval mode, on ``device``.
+
+    ``device`` is ``auto`` (CUDA when present), ``cpu`` or ``cuda``. The analyses run their
+    forward passes where the model is and their statistics on the host, in float64, on
+    held-out sets drawn on the host: the same sequences on every device.
+    """
+    where = pick_device(device, option="device")
     runs = []
     for directory in run_dirs:
         config, model, trained = load_run_model(Path(directory), step=step)
-        runs.append(Run(Path(directory), config, model.eval(), trained))
+        runs.append(Run(Path(directory), config, model.to(where).eval(), trained))
     return runs
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (every windtunnel model has some)."""
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def traced(model: nn.Module, tokens: Tensor, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
+    """One traced forward of ``model`` on ``tokens`` ``[B, T]``, where the model is; the
+    ``[B, T, C]`` logits and the activations ``names`` (exact names), back on the host.
+
+    The one way the analyses run a traced forward: the forward is the cost and runs on the
+    device, the statistics after it run on the host in float64.
+    """
+    logits, trace = run_with_trace(model, tokens.to(model_device(model)), list(names))
+    return logits.cpu(), {name: trace[name].cpu() for name in names}
 
 
 #: Sequences the geometric diagnostics and probes read (the start of the fixed eval set):
@@ -186,7 +211,7 @@ def initial_models_of(runs: Sequence[Run]) -> list[nn.Module]:
     """Each run's model at initialization (eval mode): rebuilt from its config's seed,
     identical to the step-0 weights the trainer saved. The geometric analyses read the same
     quantities off them, for the floor a trained number must clear."""
-    return [build_run_model(run.config).eval() for run in runs]
+    return [build_run_model(run.config).to(model_device(run.model)).eval() for run in runs]
 
 
 def check_same_architecture(models: Sequence[nn.Module], what: str) -> None:

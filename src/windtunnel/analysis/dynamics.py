@@ -34,10 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from windtunnel.analysis.base import Run, eval_set_for, register
+from windtunnel.analysis.base import Run, eval_set_for, model_device, register, traced
 from windtunnel.analysis.stats import pca, spearman
 from windtunnel.evaluation import METRICS, score
-from windtunnel.models import run_with_trace
 from windtunnel.runs import build_run_model, read_run_config
 from windtunnel.training.checkpoint import (
     CheckpointError,
@@ -118,7 +117,7 @@ def _snapshot_state(
     resid_name = f"blocks.{model.n_layers - 1}.resid_post"
     names = [resid_name] + [f"blocks.{layer}.attn.pattern" for layer in attention_layers]
     with torch.no_grad():
-        logits, trace = run_with_trace(model.eval(), tokens, names=names)  # logits [N, T, C]
+        logits, trace = traced(model.eval(), tokens, names)  # logits [N, T, C], on the host
     probabilities = torch.softmax(logits[:, positions].double(), dim=-1)
     patterns = None
     if attention_layers:
@@ -127,7 +126,11 @@ def _snapshot_state(
 
 
 def training_dynamics(
-    run_dir: Path | str, *, n_sequences: int = N_SEQUENCES, jsd_threshold_bits: float = JSD_THRESHOLD_BITS
+    run_dir: Path | str,
+    *,
+    n_sequences: int = N_SEQUENCES,
+    jsd_threshold_bits: float = JSD_THRESHOLD_BITS,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Attention change, value-manifold state and calibration at every snapshot of one run.
 
@@ -137,6 +140,7 @@ def training_dynamics(
             drawn from the run's ``eval.seed``) every snapshot is run on.
         jsd_threshold_bits: mean attention-row JSD to the final model under which the frame
             counts as settled.
+        device: where each snapshot's forward pass runs (the statistics run on the host).
 
     Returns:
         A dict with keys
@@ -171,7 +175,7 @@ def training_dynamics(
 
     # Every parameter is overwritten by each snapshot (loading is strict and models have no
     # buffers), so one model serves them all; a fresh one per snapshot would be identical.
-    model = build_run_model(config)
+    model = build_run_model(config).to(device)
     attention_layers = sorted(model.attention_heads)
     resid_name = f"blocks.{model.n_layers - 1}.resid_post"
     reference: Tensor | None = None  # [n_attention_layers, N, H, P, T] attention of the final model
@@ -237,4 +241,4 @@ def training_dynamics(
 def training_dynamics_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 16-17: attention settles early (JSD to final) while PC1 geometry and mae_bits keep improving."""
     # One run's history is the measurement; seeds would need their snapshot steps aligned.
-    return {"run": runs[0].label, **training_dynamics(runs[0].directory)}
+    return {"run": runs[0].label, **training_dynamics(runs[0].directory, device=model_device(runs[0].model))}

@@ -40,8 +40,9 @@ from windtunnel.analysis.base import (
     initial_models_of,
     register,
     summarize,
+    traced,
 )
-from windtunnel.models import SequenceModel, run_with_trace
+from windtunnel.models import SequenceModel
 from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import HypothesisTokens, SymbolTokens, declares, lacks
 
@@ -82,7 +83,7 @@ def token_keys(model: SequenceModel, episodes: Sequence[Episode], token_values: 
     sums = {layer: torch.zeros(()) for layer in layers}
     counts = torch.zeros(len(values), dtype=torch.float64)  # [X]
     for episode in episodes:
-        _, trace = run_with_trace(model, episode.tokens, [f"blocks.{layer}.attn.k" for layer in layers])
+        _, trace = traced(model, episode.tokens, [f"blocks.{layer}.attn.k" for layer in layers])
         onehot = (episode.tokens[..., None] == values).double()  # [B, T, X]
         counts += onehot.sum((0, 1))
         for layer in layers:

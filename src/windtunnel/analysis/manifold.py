@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize
+from windtunnel.analysis.base import Run, check_same_architecture, diagnostic_episodes, initial_models_of, register, summarize, traced
 from windtunnel.analysis.stats import pca, pearson, spearman
-from windtunnel.models import SequenceModel, run_with_trace
+from windtunnel.models import SequenceModel
 from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import ValuePositions, lacks
 
@@ -110,7 +110,7 @@ def _read_points(
     points: dict[tuple[str, str], list[Tensor]] = {read: [] for read in reads}
     names = sorted({name for name, _ in reads})
     for episode in episodes:
-        _, trace = run_with_trace(model, episode.tokens, names)
+        _, trace = traced(model, episode.tokens, names)
         for name, where in reads:
             at = episode.positions if where == "supervised" else tunnel.value_positions(episode)[0]  # [P] or [P']
             x = trace[name][..., at, :]  # [B, T, d] -> [B, P, d]  or  [B, H, P, d_head]

@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from windtunnel.analysis.base import Run, diagnostic_episodes, register, summarize
+from windtunnel.analysis.base import Run, diagnostic_episodes, register, summarize, traced
 from windtunnel.metrics import kl_bits
-from windtunnel.models import SequenceModel, run_with_trace
+from windtunnel.models import SequenceModel
 from windtunnel.tunnels import Episode
 
 __all__ = [
@@ -242,7 +242,7 @@ def _residuals(
     chunks: dict[str, list[Tensor]] = {name: [] for name in names}
     predictions = []
     for episode in episodes:
-        logits, trace = run_with_trace(model, episode.tokens, list(names))
+        logits, trace = traced(model, episode.tokens, names)
         predictions.append(torch.softmax(logits[:, episode.positions].double(), dim=-1))  # [B, P, C]
         for name in names:
             chunks[name].append(trace[name][:, episode.positions].double())  # [B, P, d_model]

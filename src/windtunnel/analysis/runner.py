@@ -73,14 +73,20 @@ def analyze_runs(
 
 
 def analyze(
-    run_dirs: Sequence[Path], *, only: Sequence[str] = (), out: Path | None = None, say: Callable[[str], None] | None = None
+    run_dirs: Sequence[Path],
+    *,
+    only: Sequence[str] = (),
+    out: Path | None = None,
+    device: str = "auto",
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """Load the runs in ``run_dirs`` and analyze them (see :func:`analyze_runs`)."""
+    """Load the runs in ``run_dirs`` on ``device`` (``auto``: CUDA when present) and analyze
+    them (see :func:`analyze_runs`)."""
     if not run_dirs:
         raise ConfigError("analyze needs at least one RUN_DIR")
     if len(run_dirs) > 1 and out is None:
         raise ConfigError("several runs are analyzed together: give --out DIR for the results")
-    runs = load_runs(run_dirs)
+    runs = load_runs(run_dirs, device=device)
     if len({r.config.tunnel for r in runs}) > 1:
         raise ConfigError("the runs differ in tunnel: analyze runs of one tunnel together")
     folder = Path(out) if out is not None else Path(run_dirs[0]) / "analysis"

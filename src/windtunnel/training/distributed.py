@@ -48,11 +48,14 @@ class Distributed:
             dist.destroy_process_group()
 
 
-def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    """``auto``: CUDA (one GPU per local rank) when available, else CPU."""
+def pick_device(requested: str, local_rank: int = 0, *, option: str = "train.device") -> torch.device:
+    """``auto``: CUDA (one GPU per local rank) when available, else CPU. ``option`` names the
+    setting in the error for a device this machine lacks or a name that is none."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"{option} must be one of auto, cpu, cuda; got {requested!r}")
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is available here: use train.device=cpu or auto")
+            raise ConfigError(f"{option}=cuda but no CUDA device is available here: use {option}=cpu or auto")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
