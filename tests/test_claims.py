@@ -229,6 +229,40 @@ def test_hmm_accuracy_is_decided_on_the_median_of_the_seeds_and_names_their_rang
     assert verdicts({"hmm": {"model_comparison": table}})["hmm_k20"].holds is False
 
 
+def per_run(row_stats: dict, values: list[float], metric: str) -> None:
+    """Give a Table 1 row its seeds: their summary (as the analysis writes it) and each run's value."""
+    row_stats[metric] = summarize(values)
+    row_stats["per_run"] = [{metric: v} for v in values]
+
+
+def test_each_seed_is_judged_on_its_own_and_the_split_is_shown():
+    # K = 50, criterion kl < 0.1: the median of (0.05, 0.117, 0.096) holds, seed 1 fails alone
+    # (the README's AVX-512 run). K = 20: all three hold. K = 30 (< 0.05): two of three fail.
+    table = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.0} for h in (20, 30, 50)}}, 20)
+    horizons = table["models"]["transformer"]["horizons"]
+    per_run(horizons["20"], [0.0027, 0.0022, 0.0027], "kl_bits")
+    per_run(horizons["30"], [0.063, 0.059, 0.020], "kl_bits")
+    per_run(horizons["50"], [0.05, 0.117, 0.096], "kl_bits")
+    got = verdicts({"hmm": {"model_comparison": table}})
+    assert got["hmm_k50"].holds is True and got["hmm_k50"].seeds == (True, False, True)
+    assert got["hmm_k50"].seed_split == "2 of 3 seeds hold"
+    assert got["hmm_k20"].seeds == (True, True, True) and got["hmm_k20"].seed_split == "3 of 3 seeds hold"
+    assert got["hmm_k30"].holds is False and got["hmm_k30"].seed_split == "1 of 3 seeds holds"
+    # One run: nothing to split, and the verdict reads as before.
+    single_seed = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.001} for h in (20, 30, 50)}}, 20)
+    assert verdicts({"hmm": {"model_comparison": single_seed}})["hmm_k20"].seed_split == ""
+
+
+def test_separation_judges_each_transformer_seed_against_the_mlp():
+    transformer = {h: {"kl_bits": 0.05} for h in (20, 30, 50)}
+    mlp = {h: {"kl_bits": 0.6} for h in (20, 30, 50)}
+    table = comparison(OURS_HMM, {"transformer": transformer, "mlp": mlp}, 20)
+    per_run(table["models"]["transformer"]["horizons"]["20"], [0.05, 0.07, 0.0], "kl_bits")  # 12x, 8.6x, a perfect seed
+    got = verdicts({"hmm": {"model_comparison": table}})["hmm_separation"]
+    assert [v["ratio"] for v in got.measured.per_seed] == [pytest.approx(12.0), pytest.approx(0.6 / 0.07), math.inf]
+    assert got.holds is True and got.seeds == (True, False, True)
+
+
 def test_summaries_over_runs_match_the_statistics_module():
     for values in ([3.0], [2.0, 1.0], [5.0, 1.0, 4.0, 2.0], [0.3, 0.1, 0.2, 0.9, 0.5]):
         stats = summarize(values)

@@ -93,6 +93,9 @@ def claims_table() -> Table:
             ["every layer matters", 10.0, 23.456789, verdict(True)],
             ["a|b <i>pipes</i>", None, 3, verdict(False)],
             ["not run", 1e-5, None, verdict(None)],
+            ["a seed dissents", 2.0, 1, "yes; 2 of 3 seeds hold"],
+            ["every seed", 2.0, 1, "yes; 3 of 3 seeds hold"],
+            ["no seed", 2.0, 1, "no; 0 of 3 seeds hold"],
         ],
         caption="Claims against the paper",
     )
@@ -220,9 +223,16 @@ def test_table_cells_formatting_and_verdict_classes(built):
         ["every layer matters", "10", "23.46", "yes"],
         ["a|b <i>pipes</i>", "\u2014", "3", "no"],
         ["not run", "1e-05", "\u2014", "n/a"],
+        ["a seed dissents", "2", "1", "yes; 2 of 3 seeds hold"],
+        ["every seed", "2", "1", "yes; 3 of 3 seeds hold"],
+        ["no seed", "2", "1", "no; 0 of 3 seeds hold"],
     ]
     classes = {c["text"]: c["attrs"].get("class") for c in page.find("td", inside=tables[0])}
     assert (classes["yes"], classes["no"], classes["n/a"]) == ("yes", "no", "na")
+    # Seeds judged one by one: coloured by the verdict where they agree, "mixed" where they split.
+    assert classes["yes; 2 of 3 seeds hold"] == "mixed"
+    assert (classes["yes; 3 of 3 seeds hold"], classes["no; 0 of 3 seeds hold"]) == ("yes", "no")
+    assert "td.mixed" in page.find("style")[0]["text"]
     assert classes["23.46"] == "num" and classes["every layer matters"] is None
     numbers = [c["text"] for c in page.find("td", inside=tables[1])]
     assert numbers == ["1", "0.12", "2", "nan"]

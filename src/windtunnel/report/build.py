@@ -107,9 +107,11 @@ def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[st
         paper = claim.paper.number
         if claim.paper.authors_fail:
             paper += f". The authors' own result fails it: {claim.paper.authors_fail}"
-        random_init = "n/a" if init.measured is None else f"{init.ours} ({verdict(init.holds)})"
+        init_verdict = verdict(init.holds) + (f"; {init.seed_split}" if init.seed_split else "")
+        random_init = "n/a" if init.measured is None else f"{init.ours} ({init_verdict})"
+        holds = verdict(ours.holds) + (f"; {ours.seed_split}" if ours.seed_split else "")
         # The verdict sits beside the claim: the table is wider than a page and scrolls sideways.
-        rows.append([claim.claim, verdict(ours.holds), paper, verdict(claim.paper_holds()), ours.ours,
+        rows.append([claim.claim, holds, paper, verdict(claim.paper_holds()), ours.ours,
                      ours.stricter or None, random_init, claim.criterion])
     return Table(
         ["claim", "holds?", "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
@@ -118,7 +120,8 @@ def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[st
         caption=f"Claims of the paper (SPEC §7) against this reproduction, each on the paper's metric and, where this "
         f"scale trains it, its task variant; our numbers are {scale}-scale. 'paper passes?' applies the criterion to "
         "the paper's own published number; 'random init' applies it to the same analyses of every run's initial "
-        "weights, which must not pass.",
+        "weights, which must not pass. Claims over seeds are decided on the median; where the claim's number is one "
+        "per run, 'k of n seeds hold' applies the same criterion to each seed's run alone.",
     )
 
 

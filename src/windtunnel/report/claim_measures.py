@@ -113,6 +113,11 @@ class _Model:
         """The median over seeds (:func:`~windtunnel.report.claim_types.median_of`)."""
         return median_of(self.horizons[str(horizon)][metric])
 
+    def per_seed(self, horizon: int, metric: str) -> list[float]:
+        """Each seed's own value, in seed order, where several seeds were trained; else []."""
+        runs = self.horizons[str(horizon)].get("per_run") or []
+        return [run[metric] for run in runs] if len(runs) > 1 else []
+
     def seed_range(self, horizon: int, metric: str) -> tuple[float, float] | None:
         """``(min, max)`` over seeds where there are several, else None."""
         stats = self.horizons[str(horizon)][metric]
@@ -176,6 +181,11 @@ def _x(value: float) -> str:
     return f"{value:.0f}x" if value >= 10 else f"{value:.2g}x"
 
 
+def _ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``; a perfect denominator (0) makes any error infinitely larger."""
+    return numerator / denominator if denominator else math.inf
+
+
 def _times(numerator: float, denominator: float) -> str:
     """``numerator / denominator`` as a factor, for the text (a zero denominator is infinite)."""
     return _x(numerator / denominator) if denominator else "∞x"
@@ -199,7 +209,7 @@ def accuracy(
         ours = f"{_g(value)} bits {metric} ({model.variant}{_seed_range_text(model, h, metric)})"
         ours += "".join(f"; {_g(m.metric(h, metric))} ({m.variant})" for m in others)
         strict = "; ".join(f"{name} {_g(model.metric(h, name))}" for name in stricter)
-        return Measured({metric: value}, ours, strict)
+        return Measured({metric: value}, ours, strict, tuple({metric: v} for v in model.per_seed(h, metric)))
 
     return measure
 
@@ -229,7 +239,9 @@ def separation(tunnel: str, factor: float) -> Callable[[Results], Measured]:
                 ours += f"; MLP {_g(m.metric(h, metric))}, prior {_g(m.prior(h, metric))} ({m.variant})"
         others = [name for name in ("mae_bits", "kl_bits") if name != metric]
         strict = "; ".join(f"{name} {_times(mlp.metric(h, name), transformer.metric(h, name))}" for name in others)
-        return Measured({"ratio": ratio}, ours, strict)
+        # Each transformer seed against the MLP's median (the control is trained once at the CPU scale).
+        per_seed = tuple({"ratio": _ratio(mlp.metric(h, metric), v)} for v in transformer.per_seed(h, metric))
+        return Measured({"ratio": ratio}, ours, strict, per_seed)
 
     return measure
 

@@ -59,14 +59,18 @@ class Measured:
     """Our side of a claim.
 
     Attributes:
-        values: what the criterion reads.
+        values: what the criterion reads (over seeds: their median).
         ours: our number under the paper's metric, naming the task variant it is on.
         stricter: our stricter (or otherwise different) measure where it differs; "" if none.
+        per_seed: the same values from each seed's run alone, in seed order, where several
+            seeds were trained and the claim's number is one per run; () otherwise. A
+            verdict on the median can hide a seed that fails: these show it.
     """
 
     values: Values
     ours: str
     stricter: str = ""
+    per_seed: tuple[Values, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,15 @@ class Verdict:
     claim: Claim
     measured: Measured | None
     holds: bool | None = field(default=None)
+    seeds: tuple[bool, ...] = ()  # the criterion on each of Measured.per_seed
+
+    @property
+    def seed_split(self) -> str:
+        """``"2 of 3 seeds hold"`` where each seed was judged on its own, else ""."""
+        if len(self.seeds) < 2:
+            return ""
+        held = sum(self.seeds)
+        return f"{held} of {len(self.seeds)} seeds hold" if held != 1 else f"1 of {len(self.seeds)} seeds holds"
 
     @property
     def ours(self) -> str:

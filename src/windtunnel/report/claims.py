@@ -86,7 +86,8 @@ def evaluate_claims(results: Results, claims: Sequence[Claim] | None = None) -> 
         except MissingResult:
             verdicts.append(Verdict(claim, None, None))
             continue
-        verdicts.append(Verdict(claim, measured, bool(claim.judge(measured.values))))
+        seeds = tuple(bool(claim.judge(values)) for values in measured.per_seed)
+        verdicts.append(Verdict(claim, measured, bool(claim.judge(measured.values)), seeds))
     return verdicts
 
 

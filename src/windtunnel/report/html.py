@@ -73,6 +73,18 @@ FIGURES_DIR = "figures"
 EMPTY_CELL = "\u2014"  # em dash
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _VERDICT_CLASS = {"yes": "yes", "no": "no", "n/a": "na"}
+#: A verdict with its seeds' split (``Verdict.seed_split``): ``"yes; 2 of 3 seeds hold"``.
+_SEED_SPLIT = re.compile(r"^(yes|no); (\d+) of (\d+) seeds holds?$")
+
+
+def _verdict_class(text: str) -> str | None:
+    """The CSS class of a verdict cell: ``mixed`` where the seeds, judged one by one, disagree
+    with each other (the median decides; a dissenting seed is worth the reader's eye)."""
+    split = _SEED_SPLIT.match(text)
+    if split:
+        held, of = int(split[2]), int(split[3])
+        return "mixed" if 0 < held < of else _VERDICT_CLASS[split[1]]
+    return _VERDICT_CLASS.get(text)
 
 
 class MissingFigureWarning(UserWarning):
@@ -313,6 +325,7 @@ th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.yes { background: #dafbe1; color: #116329; font-weight: 600; }
 td.no { background: #ffebe9; color: #a40e26; font-weight: 600; }
 td.na { color: #6e7781; }
+td.mixed { background: #fff8c5; color: #7d4e00; font-weight: 600; }
 footer { margin-top: 3rem; padding-top: .7rem; border-top: 1px solid #d0d7de; font-size: .85rem; color: #6e7781; }
 @media print { body { background: #fff; } main { padding: 0; } }
 """.strip()
@@ -362,7 +375,7 @@ def _table_html(table: Table, number: int) -> str:
         cells = []
         for cell, num in zip(row, numeric):
             text = table.format_cell(cell)
-            css = _VERDICT_CLASS.get(text) if isinstance(cell, str) else ("num" if num else None)
+            css = _verdict_class(text) if isinstance(cell, str) else ("num" if num else None)
             cells.append(f'<td{f" class={css}" if css else ""}>{_esc(text)}</td>')
         lines.append(f"<tr>{''.join(cells)}</tr>")
     lines.append("</tbody>\n</table>\n</div>")
