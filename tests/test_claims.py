@@ -376,6 +376,43 @@ def test_relabeling_reads_the_first_runs_interval_and_the_prior():
     assert got.holds is True and "ΔKL +0.03" in got.stricter
 
 
+def test_layer_ablation_judges_each_seed_against_itself():
+    # Two tunnels, two seeds each. Seed 1's HMM layer 1 rises only 8x over its own intact KL;
+    # the median ratio (two seeds: their mean) is still above 10.
+    def result(metric, intact, ablated):
+        return {
+            "intact_per_run": [{metric: i} for i in intact],
+            "layers": [{"ratios": {m: summarize([a / i for a, i in zip(row, intact)]) for m in METRICS},
+                        "per_run": [{metric: a} for a in row]} for row in ablated],
+        }
+
+    bijection = result("mae_aggregate_bits", [0.01, 0.02], [[0.5, 0.6], [0.3, 0.4]])  # 50x 30x; 30x 20x
+    hmm = result("kl_bits", [0.002, 0.005], [[0.1, 0.2], [0.05, 0.04]])  # 50x 40x; 25x 8x
+    for layer in hmm["layers"]:  # the HMM's ratios are read on kl_bits: make every other metric fail
+        layer["ratios"]["mae_aggregate_bits"] = summarize([1.0, 1.0])
+    results = {"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm}}
+    got = verdicts(results)["layer_ablation"]
+    assert got.measured.values == {"min_ratio": pytest.approx(16.5)} and got.holds is True  # median of 25x and 8x
+    assert [v["min_ratio"] for v in got.measured.per_seed] == [pytest.approx(25.0), pytest.approx(8.0)]
+    assert got.seeds == (True, False) and got.seed_split == "1 of 2 seeds holds"
+    # Saved before each run's intact metrics were kept, or with unequal seed counts: no split.
+    del hmm["intact_per_run"]
+    assert verdicts(results)["layer_ablation"].seeds == ()
+
+
+def test_relabeling_judges_each_seed_on_its_own_interval():
+    def run(delta, low, high, before=0.02):
+        return {"delta_mae_bits": delta, "delta_mae_bits_ci": [low, high], "mae_bits_before": before, "mae_bits_prior": 0.55,
+                "delta_kl_bits": 0.0, "delta_kl_bits_ci": [0.0, 0.0], "kl_bits_before": 0.002}
+
+    # Seed 1 moves 0.004 bits (20% of its MAE) with an interval away from 0; seed 2 no longer filters.
+    result = {"relative_change": 0.01, "per_run": [run(0.0001, -0.0002, 0.0004), run(0.004, 0.003, 0.005),
+                                                   run(0.0, -0.001, 0.001, before=0.3)]}
+    got = verdicts({"hmm_transformer": {"relabeling": result}})["relabeling"]
+    assert got.holds is True and got.seeds == (True, False, False)
+    assert got.measured.per_seed[1]["relative_change"] == pytest.approx(0.2)
+
+
 def seeds_result(spreads: dict[str, float], gaps: dict[str, float] | None) -> dict:
     def metrics():
         out = {}

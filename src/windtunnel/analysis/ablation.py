@@ -47,7 +47,8 @@ def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, 
         ``intact`` (metrics averaged over runs), and ``layers``: for each layer its metrics
         (mean and spread over runs), ``ratios`` to the intact model per metric (each run
         against itself, then mean and spread), ``mae_ratio``/``kl_ratio`` (their means) and
-        ``per_run`` (each run's ablated metrics).
+        ``per_run`` (each run's ablated metrics); ``intact_per_run``: each run's intact
+        metrics (with a layer's ``per_run``, each seed's own ratios).
     """
     check_same_architecture(models, "ablation")
     intact = [_scores(model, eval_set) for model in models]
@@ -57,6 +58,7 @@ def layer_ablation(models: Sequence[nn.Module], eval_set: EvalSet) -> dict[str, 
     return {
         "runs": len(models),
         "intact": {name: summarize([i[name] for i in intact]) for name in _METRICS},
+        "intact_per_run": intact,
         "layers": layers,
     }
 

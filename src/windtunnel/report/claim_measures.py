@@ -290,7 +290,27 @@ def layer_ablation(results: Results) -> Measured:
         minima.append(min(ratios))
         parts.append(f"{tunnel}{_variant_of(result)} {metric} " + ", ".join(_x(r) for r in ratios))
         strict.append(f"{tunnel} mae_bits " + ", ".join(_x(median_of(row["ratios"]["mae_bits"])) for row in layers))
-    return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict))
+    return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict), _layer_ablation_per_seed(found))
+
+
+def _layer_ablation_per_seed(found: Mapping[str, Mapping[str, Any]]) -> tuple[Values, ...]:
+    """Seed ``s``'s smallest ratio over layers and tunnels (seed ``s`` of each tunnel), each
+    run against itself, where every tunnel trained the same number of seeds (more than one)
+    and the result keeps each run's intact metrics (results saved before it did: ())."""
+    if any("intact_per_run" not in result for result in found.values()):
+        return ()
+    counts = {len(result["intact_per_run"]) for result in found.values()}
+    if len(counts) != 1 or counts.pop() < 2:
+        return ()
+    per_seed = []
+    for s in range(len(next(iter(found.values()))["intact_per_run"])):
+        ratios = [
+            row["per_run"][s][PAPER_METRIC[tunnel]] / result["intact_per_run"][s][PAPER_METRIC[tunnel]]
+            for tunnel, result in found.items()
+            for row in result["layers"]
+        ]
+        per_seed.append({"min_ratio": min(ratios)})
+    return tuple(per_seed)
 
 
 def head_ablation(results: Results) -> Measured:
@@ -376,12 +396,21 @@ def relabeling(results: Results) -> Measured:
         "mae_bits": run["mae_bits_before"],
         "prior_mae_bits": run["mae_bits_prior"],
     }
+    per_seed = tuple(
+        {
+            "delta_ci": list(r["delta_mae_bits_ci"]),
+            "relative_change": abs(r["delta_mae_bits"]) / r["mae_bits_before"] if r["mae_bits_before"] else None,
+            "mae_bits": r["mae_bits_before"],
+            "prior_mae_bits": r["mae_bits_prior"],
+        }
+        for r in result["per_run"]
+    ) if len(result["per_run"]) > 1 else ()
     kl_low, kl_high = run["delta_kl_bits_ci"]
     strict = (
         f"ΔKL {run['delta_kl_bits']:+.2g} bits, 95% CI [{kl_low:+.2g}, {kl_high:+.2g}] on kl_bits "
         f"{_g(run['kl_bits_before'])} (KL sees which state is which; entropy does not)"
     )
-    return Measured(values, ours, strict)
+    return Measured(values, ours, strict, per_seed)
 
 
 def relabeling_invariant(values: Values) -> bool:
