@@ -15,7 +15,7 @@ import statistics
 import pytest
 
 from windtunnel.analysis.base import summarize
-from windtunnel.report.claims import CLAIMS, PAPER_METRIC, MissingResult, evaluate_claims, variant_name
+from windtunnel.report.claims import CLAIMS, PAPER_METRIC, MissingResult, evaluate_claims, tally, variant_name
 
 BY_KEY = {claim.key: claim for claim in CLAIMS}
 METRICS = ("mae_aggregate_bits", "mae_bits", "kl_bits")
@@ -251,6 +251,19 @@ def test_each_seed_is_judged_on_its_own_and_the_split_is_shown():
     # One run: nothing to split, and the verdict reads as before.
     single_seed = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.001} for h in (20, 30, 50)}}, 20)
     assert verdicts({"hmm": {"model_comparison": single_seed}})["hmm_k20"].seed_split == ""
+
+
+def test_the_tally_names_the_verdicts_the_seeds_split():
+    table = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.0} for h in (20, 30, 50)}}, 20)
+    horizons = table["models"]["transformer"]["horizons"]
+    per_run(horizons["20"], [0.0027, 0.0022, 0.0027], "kl_bits")  # holds on every seed
+    per_run(horizons["30"], [0.063, 0.059, 0.020], "kl_bits")  # fails; seed 2 holds alone
+    per_run(horizons["50"], [0.05, 0.117, 0.096], "kl_bits")  # holds; seed 1 fails alone
+    text = tally(evaluate_claims({"hmm": {"model_comparison": table}}))
+    n = len(CLAIMS)
+    assert text.startswith(f"2 of 3 claims hold ({n - 3} not evaluated)")
+    assert "on the median only, with a seed that fails alone: HMM K=50" in text
+    assert "failing on the median, though a seed holds alone: HMM K=30" in text and "K=20" not in text
 
 
 def test_separation_judges_each_transformer_seed_against_the_mlp():

@@ -24,7 +24,7 @@ from windtunnel.history import (
     read_metrics,
 )
 from windtunnel.report.claim_types import median_of
-from windtunnel.report.claims import evaluate_claims, variant_name
+from windtunnel.report.claims import evaluate_claims, tally, variant_name
 from windtunnel.report.folder import (
     INIT_DIR,
     REPORTABLE_STAGES,
@@ -281,7 +281,8 @@ def _claims_sections(out: Path, results: dict[str, dict[str, dict[str, Any]]], s
     """The claims study's sections: the claim table, Table 1 and the paper's figures."""
     at_init = load_results(out, INIT_DIR)
     sections = [Section("Claims", "Each claim of the paper, the number it reports, ours, and the criterion that decides "
-                        "whether it holds here.", tables=[claims_table(results, at_init, scale)])]
+                        f"whether it holds here. {tally(evaluate_claims(results))}.",
+                        tables=[claims_table(results, at_init, scale)])]
     sections.append(
         Section(
             "The paper's Table 1: error by model and horizon",

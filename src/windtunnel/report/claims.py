@@ -73,6 +73,7 @@ __all__ = [
     "Paper",
     "Verdict",
     "evaluate_claims",
+    "tally",
     "variant_name",
 ]
 
@@ -89,6 +90,23 @@ def evaluate_claims(results: Results, claims: Sequence[Claim] | None = None) -> 
         seeds = tuple(bool(claim.judge(values)) for values in measured.per_seed)
         verdicts.append(Verdict(claim, measured, bool(claim.judge(measured.values)), seeds))
     return verdicts
+
+
+def tally(verdicts: Sequence[Verdict]) -> str:
+    """How many claims hold, in words, and which verdicts the seeds judged alone split:
+    ``"9 of 16 claims hold; on the median only, with a seed that fails alone: HMM K=50 ..."``."""
+    judged = [v for v in verdicts if v.holds is not None]
+    held = [v for v in judged if v.holds]
+    text = f"{len(held)} of {len(judged)} claims hold"
+    if len(judged) < len(verdicts):
+        text += f" ({len(verdicts) - len(judged)} not evaluated)"
+    median_only = [v.claim.claim for v in held if v.seeds and not all(v.seeds)]
+    one_seed_holds = [v.claim.claim for v in judged if not v.holds and any(v.seeds)]
+    if median_only:
+        text += f"; on the median only, with a seed that fails alone: {'; '.join(median_only)}"
+    if one_seed_holds:
+        text += f"; failing on the median, though a seed holds alone: {'; '.join(one_seed_holds)}"
+    return text
 
 
 #: Every claim of SPEC §7 (and the figures' qualitative claims), in report order.
