@@ -379,6 +379,18 @@ def test_no_break_reads_the_longest_horizon_and_the_prior_within_training():
     assert verdicts({"hmm_transformer": {"length_generalization": only_trained}})["no_break"].holds is None
 
 
+def test_no_break_judges_each_seed_on_its_own_curve():
+    result = generalization(1.5, 0.004, 0.05)  # the mean curve: smooth
+    def seed(ratio, within):
+        return {"beyond": {"kl_bits": {"within_training": within, "beyond_training": 0.05,
+                                        "boundary": {"step": 0.01, "largest_neighbor_step": 0.01 / ratio, "ratio": ratio}}}}
+    # A seed with a break (3x), a smooth one, and one that does not filter (KL 0.1 of the prior's 0.5).
+    result["horizons"]["50"]["per_run"] = [seed(3.0, 0.002), seed(1.2, 0.002), seed(1.0, 0.1)]
+    got = verdicts({"hmm_transformer": {"length_generalization": result}})["no_break"]
+    assert got.holds is True and got.seeds == (False, True, False)
+    assert got.measured.per_seed[0] == {"boundary_ratio": 3.0, "within_training_kl_bits": 0.002, "prior_kl_bits": 0.5}
+
+
 def test_relabeling_reads_the_first_runs_interval_and_the_prior():
     result = {"relative_change": 0.02, "per_run": [{"delta_mae_bits": 0.0001, "delta_mae_bits_ci": [-0.0002, 0.0004],
                                                     "mae_bits_before": 0.005, "mae_bits_prior": 0.55,

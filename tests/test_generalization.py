@@ -91,6 +91,22 @@ def test_length_generalization_matches_the_closed_form_at_each_horizon():
         assert row["boundary"]["largest_neighbor_step"] == pytest.approx(np.abs(np.r_[steps[:3], steps[4:]]).max(), rel=1e-4)
 
 
+def test_each_seed_gets_its_own_boundary_from_its_own_curve():
+    # Two constant "seeds": each per-run row is judged on that seed's closed-form curve, not the mean.
+    runs = [constant_run(HMM["model"], SKEWED, seed=0), constant_run(HMM["model"], [0.5, 0.3, 0.2], seed=1)]
+    result = ANALYSES["length_generalization"].compute(runs)
+    rows = result["horizons"]["7"]["per_run"]
+    for run, distribution, row in zip(runs, (SKEWED, [0.5, 0.3, 0.2]), rows):
+        curve = closed_form(run, distribution, 7)["kl_curve"]
+        steps = np.diff(curve)
+        got = row["beyond"]["kl_bits"]
+        assert got["within_training"] == pytest.approx(curve[:4].mean(), rel=1e-5)
+        assert got["boundary"]["step"] == pytest.approx(steps[3], rel=1e-4, abs=1e-9)
+        assert got["boundary"]["largest_neighbor_step"] == pytest.approx(np.abs(np.r_[steps[:3], steps[4:]]).max(), rel=1e-4)
+    assert rows[0]["beyond"]["kl_bits"]["within_training"] != pytest.approx(rows[1]["beyond"]["kl_bits"]["within_training"])
+    assert "beyond" not in result["horizons"]["4"]["per_run"][0]  # the training horizon has nothing beyond
+
+
 def test_the_boundary_step_tells_a_break_from_a_drift():
     K = 20
     flat = [0.001] * K

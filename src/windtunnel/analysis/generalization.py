@@ -17,7 +17,7 @@ Every model is evaluated once per horizon on the tunnel's fixed held-out set
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -107,6 +107,18 @@ def boundary_step(curve: Sequence[float], trained: int, window: int = BOUNDARY_W
     return {"step": step, "largest_neighbor_step": largest, "ratio": step / largest if largest > 0 else None}
 
 
+def _beyond(curves: Mapping[str, Sequence[float]], trained: int, horizon: int) -> dict[str, Any]:
+    """Per metric with a curve: mean error within and beyond training, and the boundary step."""
+    return {
+        metric: {
+            "within_training": _mean_over(curves[name], 0, trained),
+            "beyond_training": _mean_over(curves[name], trained, horizon),
+            "boundary": boundary_step(curves[name], trained),
+        }
+        for metric, name in METRIC_CURVES.items()
+    }
+
+
 @register("length_generalization")
 def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 6: per-position error at each evaluation horizon, the training horizon marked.
@@ -118,7 +130,7 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
         and, for horizons beyond training: per metric with a curve (``mae_bits``,
         ``kl_bits``) in ``beyond``: ``within_training`` and ``beyond_training`` (mean
         per-position error for t <= and t > the training horizon) and ``boundary``
-        (:func:`boundary_step`); and, as before, ``within_training_mae_bits``,
+        (:func:`boundary_step`), also in each run's ``per_run`` row from its own curves; and, as before, ``within_training_mae_bits``,
         ``beyond_training_mae_bits`` and ``jump_at_training_horizon`` (mean |ΔH| over the
         5 positions after the training horizon over that of the 5 before).
     """
@@ -133,14 +145,9 @@ def length_generalization(runs: Sequence[Run]) -> dict[str, Any]:
             summary["within_training_mae_bits"] = _mean_over(curve, 0, trained)
             summary["beyond_training_mae_bits"] = _mean_over(curve, trained, horizon)
             summary["jump_at_training_horizon"] = after / before if before else None
-            summary["beyond"] = {
-                metric: {
-                    "within_training": _mean_over(summary["curves"][name], 0, trained),
-                    "beyond_training": _mean_over(summary["curves"][name], trained, horizon),
-                    "boundary": boundary_step(summary["curves"][name], trained),
-                }
-                for metric, name in METRIC_CURVES.items()
-            }
+            summary["beyond"] = _beyond(summary["curves"], trained, horizon)
+            for run, row in zip(runs, summary["per_run"]):  # each seed's own curve, for its own verdict
+                row["beyond"] = _beyond(scores_at(run, horizon)["curves"], trained, horizon)
         horizons[str(horizon)] = summary
     return {
         "model": runs[0].configuration.name,

@@ -369,7 +369,16 @@ def no_break(results: Results) -> Measured:
         "within_training_kl_bits": kl["within_training"],
         "prior_kl_bits": prior_within,
     }
-    return Measured(values, ours, strict)
+    runs = [run for run in row.get("per_run", []) if "beyond" in run]  # saved before per-run curves were judged: none
+    per_seed = tuple(
+        {
+            "boundary_ratio": run["beyond"]["kl_bits"]["boundary"]["ratio"],
+            "within_training_kl_bits": run["beyond"]["kl_bits"]["within_training"],
+            "prior_kl_bits": prior_within,
+        }
+        for run in runs
+    ) if len(runs) > 1 else ()
+    return Measured(values, ours, strict, per_seed)
 
 
 def _filters(values: Values) -> bool:
