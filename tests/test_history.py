@@ -7,10 +7,12 @@ from pathlib import Path
 
 from windtunnel.history import (
     HMM_PLATEAU_EXIT_MAE_BITS,
+    clock_segments,
     plateau_exit_step,
     read_metrics,
+    training_seconds,
 )
-from windtunnel.jobs import TrainJob
+from windtunnel.jobs import TrainJob, status_line
 from windtunnel.report.build import _runs_section
 from windtunnel.studies import SCALES, configs_folder
 
@@ -67,3 +69,45 @@ def test_the_report_names_each_hmm_run_that_never_left_the_plateau(tmp_path):
     fresh.mkdir()
     section = _runs_section([TrainJob("hmm_transformer_seed2", CPU / "hmm_transformer.toml", fresh)])
     assert section.tables[0].rows[0][-1] == "not evaluated yet" and "Never left" not in section.text
+
+
+# A run of 1,000 steps interrupted after step 400 (logged at 40 s, 0.1 s a step) and resumed
+# from its checkpoint at step 300, whose new process logs 0.2 s a step from 0 s again.
+RESUMED = [
+    {"step": 100, "loss": 1.0, "elapsed_s": 10.0},
+    {"step": 200, "loss": 1.0, "elapsed_s": 20.0, "eval_mae_bits": 0.5},
+    {"step": 300, "loss": 1.0, "elapsed_s": 30.0},
+    {"step": 400, "loss": 1.0, "elapsed_s": 40.0},
+    {"step": 350, "loss": 1.0, "elapsed_s": 10.0},
+    {"step": 400, "loss": 1.0, "elapsed_s": 20.0},
+    {"step": 500, "loss": 1.0, "elapsed_s": 40.0},
+]
+
+
+def test_a_resumed_runs_clock_is_split_at_each_start_and_summed():
+    segments = clock_segments(RESUMED)
+    assert [[r["step"] for r in segment] for segment in segments] == [[100, 200, 300, 400], [350, 400, 500]]
+    assert training_seconds(RESUMED) == 40.0 + 40.0  # not the last record's 40 s, nor the largest
+    assert clock_segments([{"step": 1, "loss": 1.0}]) == [] and training_seconds([]) == 0.0
+
+
+def test_the_eta_of_a_resumed_run_uses_its_current_speed(tmp_path):
+    # Across the restart the rate would be (40 - 10) / (500 - 100) s a step from the window's
+    # ends, and one step later negative; this start's own rate is 0.2 s a step.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RESUMED))
+    job = TrainJob("hmm_transformer_seed0", CPU / "hmm_transformer.toml", run_dir)
+    steps = job.resolved().train.steps
+    line = status_line([(job, 0.0)], [], parallel=1)
+    minutes, seconds = divmod(int((steps - 500) * 0.2), 60)
+    expected = f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
+    assert line == f"running hmm_transformer_seed0 500/{steps}; ETA {expected}"
+
+
+def test_the_report_counts_every_start_of_a_resumed_run(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RESUMED))
+    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir)])
+    assert section.tables[0].rows[0][4] == round(80.0 / 60, 1)  # train minutes: both starts

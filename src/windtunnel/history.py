@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "parse_metrics", "plateau_exit_step", "read_metrics"]
+__all__ = [
+    "HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "clock_segments", "parse_metrics", "plateau_exit_step",
+    "read_metrics", "training_seconds",
+]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -59,3 +62,26 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 def plateau_exit_step(records: Sequence[dict[str, Any]], threshold: float = HMM_PLATEAU_EXIT_MAE_BITS) -> int | None:
     """The step of the first held-out evaluation with ``eval_mae_bits < threshold``; None if none is."""
     return next((r["step"] for r in records if "eval_mae_bits" in r and r["eval_mae_bits"] < threshold), None)
+
+
+def clock_segments(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The timed records (those with ``elapsed_s``) split where the clock starts again.
+
+    ``elapsed_s`` is the seconds since the training process started, so a resumed run's
+    clock restarts: one segment per start, oldest first. A rate or a duration taken across
+    two segments is meaningless (it can come out negative).
+    """
+    segments: list[list[dict[str, Any]]] = []
+    for record in records:
+        if "elapsed_s" not in record:
+            continue
+        if not segments or record["elapsed_s"] < segments[-1][-1]["elapsed_s"]:
+            segments.append([])
+        segments[-1].append(record)
+    return segments
+
+
+def training_seconds(records: Sequence[dict[str, Any]]) -> float:
+    """The run's training time over all its starts: each start's last logged ``elapsed_s``,
+    summed (the time between a start's last record and its interruption is not logged)."""
+    return sum(segment[-1]["elapsed_s"] for segment in clock_segments(records))

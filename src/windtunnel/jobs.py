@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from windtunnel.config import ConfigError
 from windtunnel.exit_codes import EXIT_INTERRUPTED
-from windtunnel.history import METRICS_FILE, MetricsError, parse_metrics
+from windtunnel.history import METRICS_FILE, MetricsError, clock_segments, parse_metrics
 from windtunnel.progress import is_terminal
 from windtunnel.run_config import RunConfig, load_run_config
 from windtunnel.runs import CONFIG_FILE, read_run_config
@@ -119,7 +119,8 @@ def _progress(job: TrainJob) -> tuple[int, float]:
         records = parse_metrics(job.run_dir / METRICS_FILE)[0][-40:]
     except (OSError, MetricsError):
         return 0, 0.0
-    records = [r for r in records if "elapsed_s" in r]
+    segments = clock_segments(records)
+    records = segments[-1] if segments else []  # this start's records: a resumed run's clock restarts
     if len(records) < 2:
         return (records[-1]["step"] if records else 0), 0.0
     first, last = records[0], records[-1]

@@ -22,6 +22,7 @@ from windtunnel.history import (
     MetricsError,
     plateau_exit_step,
     read_metrics,
+    training_seconds,
 )
 from windtunnel.report.claim_types import median_of
 from windtunnel.report.claims import evaluate_claims, tally, variant_name
@@ -200,7 +201,7 @@ def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True) -> Section
     for run in runs:
         config = run.resolved()
         records = read_metrics(run.run_dir)
-        wall = round(records[-1].get("elapsed_s", 0.0) / 60, 1) if records else None
+        wall = round(training_seconds(records) / 60, 1) if records else None
         evals = [r["eval_mae_bits"] for r in records if "eval_mae_bits" in r]
         row = [run.name, config.model_kind, config.train.steps, config.train.batch_size, wall, evals[-1] if evals else None]
         if plateau:
@@ -210,7 +211,7 @@ def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True) -> Section
                 stuck.append(run.name)
         rows.append(row)
     columns = ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits"]
-    caption = "Every training run (train minutes: the run's own clock, resumed runs counted from their last start)."
+    caption = "Every training run (train minutes: the run's own clock, summed over its starts where it was resumed)."
     if not plateau:
         return Section("Runs", "", tables=[Table(columns, rows, caption=caption)])
     text = (
