@@ -11,9 +11,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from windtunnel.report.claim_results import (
+    HMM_TRANSFORMER_GROUPS,
+    first_result,
+    fmt_bits,
+    fmt_factor,
+    fmt_times,
+    has_result,
+    models_on,
+    result_of,
+    safe_ratio,
+    seed_range_text,
+    variant_name,
+    variant_of,
+)
 from windtunnel.report.claim_types import (
     PAPER_METRIC,
     VARIANT_GROUPS,
@@ -52,145 +65,6 @@ __all__ = [
 ]
 
 
-# --- reading results -------------------------------------------------------------------
-
-
-def _result(results: Results, group: str, analysis: str) -> Mapping[str, Any]:
-    try:
-        return results[group][analysis]
-    except KeyError:
-        raise MissingResult(f"{group}/{analysis}") from None
-
-
-def _has(results: Results, group: str, analysis: str) -> bool:
-    return analysis in results.get(group, {})
-
-
-#: Per-configuration groups of the HMM transformer, the paper's variant (floored) first.
-HMM_TRANSFORMER_GROUPS = ("hmm_transformer_floor", "hmm_transformer")
-
-
-def _first(results: Results, groups: Sequence[str], analysis: str) -> Mapping[str, Any]:
-    """``analysis`` of the first of ``groups`` that has it."""
-    for group in groups:
-        if _has(results, group, analysis):
-            return results[group][analysis]
-    raise MissingResult(f"{'/'.join(groups)}: {analysis}")
-
-
-def _variant_of(result: Mapping[str, Any]) -> str:
-    """`` (variant)`` of a saved result (the runner records the runs' tunnel), for the text."""
-    return f" ({variant_name(result['tunnel'])})" if "tunnel" in result else ""
-
-
-def variant_name(tunnel: Mapping[str, Any]) -> str:
-    """The task variant of a tunnel's parameters, in words (what a number belongs to)."""
-    if tunnel["name"] == "bijection":
-        return "with replacement" if tunnel.get("with_replacement") else "without replacement"
-    if tunnel["name"] == "hmm":
-        floor = tunnel.get("floor", 0.0)
-        words = [f"floor {floor:g}" if floor else "no floor", f"grid {tunnel['grid']:g}"]
-        # the rarer departures are named only where present, so the usual variants read as before
-        if tunnel.get("concentration", 1.0) != 1.0:
-            words.append(f"concentration {tunnel['concentration']:g}")
-        if tunnel.get("transition_concentration") is not None:
-            words.append(f"T concentration {tunnel['transition_concentration']:g}")
-        if tunnel.get("stickiness", 0.0):
-            words.append(f"stickiness {tunnel['stickiness']:g}")
-        return ", ".join(words)
-    return tunnel["name"]
-
-
-@dataclass(frozen=True)
-class _Model:
-    """One model's scores on one task variant: ``horizons[str(h)][metric]``, prior rows."""
-
-    horizons: Mapping[str, Any]
-    variant: str
-    training_horizon: int
-
-    def metric(self, horizon: int, metric: str) -> float:
-        """The median over seeds (:func:`~windtunnel.report.claim_types.median_of`)."""
-        return median_of(self.horizons[str(horizon)][metric])
-
-    def per_seed(self, horizon: int, metric: str) -> list[float]:
-        """Each seed's own value, in seed order, where several seeds were trained; else []."""
-        runs = self.horizons[str(horizon)].get("per_run") or []
-        return [run[metric] for run in runs] if len(runs) > 1 else []
-
-    def seed_range(self, horizon: int, metric: str) -> tuple[float, float] | None:
-        """``(min, max)`` over seeds where there are several, else None."""
-        stats = self.horizons[str(horizon)][metric]
-        return (stats["min"], stats["max"]) if "min" in stats and stats["min"] != stats["max"] else None
-
-    def prior(self, horizon: int, metric: str) -> float:
-        return self.horizons[str(horizon)]["prior"][metric]
-
-
-def _model(results: Results, group: str, model: str) -> _Model:
-    """``model``'s scores in comparison group ``group``: from its Table 1, or, where the group
-    trained only that model, from its per-position analysis."""
-    group_results = results.get(group, {})
-    if "model_comparison" in group_results and model in group_results["model_comparison"]["models"]:
-        table = group_results["model_comparison"]
-        return _Model(table["models"][model]["horizons"], variant_name(table["tunnel"]), table["training_horizon"])
-    if "length_generalization" in group_results and group_results["length_generalization"]["model"] == model:
-        single = group_results["length_generalization"]
-        return _Model(single["horizons"], variant_name(single["tunnel"]), single["training_horizon"])
-    raise MissingResult(f"{group}: {model}")
-
-
-def _models(
-    results: Results, tunnel: str, names: Sequence[str], groups: Sequence[str] | None = None
-) -> tuple[list[_Model], list[list[_Model]]]:
-    """The named models on the first of ``groups`` (default: the variant groups of ``tunnel``,
-    the paper's variant first) that has all of them, and, for the text, every group's
-    models found.
-
-    Raises MissingResult when no group has them all.
-    """
-    complete: list[_Model] | None = None
-    found: list[list[_Model]] = []
-    for group in groups or VARIANT_GROUPS[tunnel]:
-        models = []
-        for name in names:
-            try:
-                models.append(_model(results, group, name))
-            except MissingResult:
-                models.append(None)
-        if all(m is not None for m in models):
-            complete = complete or models
-        if any(m is not None for m in models):
-            found.append(models)
-    if complete is None:
-        raise MissingResult(f"{tunnel}: {', '.join(names)}")
-    return complete, found
-
-
-def _seed_range_text(model: _Model, horizon: int, metric: str) -> str:
-    """``; median of the seeds, range a–b`` where several seeds were trained, for the text."""
-    spread = model.seed_range(horizon, metric)
-    return f"; median of the seeds, range {_g(spread[0])}–{_g(spread[1])}" if spread else ""
-
-
-def _g(value: float) -> str:
-    return f"{value:.2g}" if abs(value) < 0.01 else f"{value:.3g}"
-
-
-def _x(value: float) -> str:
-    return f"{value:.0f}x" if value >= 10 else f"{value:.2g}x"
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    """``numerator / denominator``; a perfect denominator (0) makes any error infinitely larger."""
-    return numerator / denominator if denominator else math.inf
-
-
-def _times(numerator: float, denominator: float) -> str:
-    """``numerator / denominator`` as a factor, for the text (a zero denominator is infinite)."""
-    return _x(numerator / denominator) if denominator else "∞x"
-
-
 # --- accuracy ---------------------------------------------------------------------------
 
 
@@ -202,13 +76,13 @@ def accuracy(
     metric = PAPER_METRIC[tunnel]
 
     def measure(results: Results) -> Measured:
-        (model,), found = _models(results, tunnel, ["transformer"], groups)
+        (model,), found = models_on(results, tunnel, ["transformer"], groups)
         h = horizon or model.training_horizon
         value = model.metric(h, metric)
         others = [m[0] for m in found if m[0] is not None and m[0] is not model]
-        ours = f"{_g(value)} bits {metric} ({model.variant}{_seed_range_text(model, h, metric)})"
-        ours += "".join(f"; {_g(m.metric(h, metric))} ({m.variant})" for m in others)
-        strict = "; ".join(f"{name} {_g(model.metric(h, name))}" for name in stricter)
+        ours = f"{fmt_bits(value)} bits {metric} ({model.variant}{seed_range_text(model, h, metric)})"
+        ours += "".join(f"; {fmt_bits(m.metric(h, metric))} ({m.variant})" for m in others)
+        strict = "; ".join(f"{name} {fmt_bits(model.metric(h, name))}" for name in stricter)
         return Measured({metric: value}, ours, strict, tuple({metric: v} for v in model.per_seed(h, metric)))
 
     return measure
@@ -227,20 +101,20 @@ def separation(tunnel: str, factor: float) -> Callable[[Results], Measured]:
     metric = PAPER_METRIC[tunnel]
 
     def measure(results: Results) -> Measured:
-        (transformer, mlp), found = _models(results, tunnel, ["transformer", "mlp"])
+        (transformer, mlp), found = models_on(results, tunnel, ["transformer", "mlp"])
         h = transformer.training_horizon
         ratio = mlp.metric(h, metric) / transformer.metric(h, metric)
         horizons = [int(k) for k in mlp.horizons]
-        mlps = "/".join(_g(mlp.metric(k, metric)) for k in horizons)
+        mlps = "/".join(fmt_bits(mlp.metric(k, metric)) for k in horizons)
         at = f" at K={'/'.join(map(str, horizons))}" if len(horizons) > 1 else ""
-        ours = f"MLP {mlps} bits {metric}{at} (prior {_g(mlp.prior(h, metric))}); {_x(ratio)} the transformer ({mlp.variant})"
+        ours = f"MLP {mlps} bits {metric}{at} (prior {fmt_bits(mlp.prior(h, metric))}); {fmt_factor(ratio)} the transformer ({mlp.variant})"
         for _, m in found:  # the other variants: the MLP (and the prior it converges to)
             if m is not None and m is not mlp:
-                ours += f"; MLP {_g(m.metric(h, metric))}, prior {_g(m.prior(h, metric))} ({m.variant})"
+                ours += f"; MLP {fmt_bits(m.metric(h, metric))}, prior {fmt_bits(m.prior(h, metric))} ({m.variant})"
         others = [name for name in ("mae_bits", "kl_bits") if name != metric]
-        strict = "; ".join(f"{name} {_times(mlp.metric(h, name), transformer.metric(h, name))}" for name in others)
+        strict = "; ".join(f"{name} {fmt_times(mlp.metric(h, name), transformer.metric(h, name))}" for name in others)
         # Each transformer seed against the MLP's median (the control is trained once at the CPU scale).
-        per_seed = tuple({"ratio": _ratio(mlp.metric(h, metric), v)} for v in transformer.per_seed(h, metric))
+        per_seed = tuple({"ratio": safe_ratio(mlp.metric(h, metric), v)} for v in transformer.per_seed(h, metric))
         return Measured({"ratio": ratio}, ours, strict, per_seed)
 
     return measure
@@ -254,15 +128,15 @@ def at_least(name: str, limit: float) -> Callable[[Values], bool]:
 
 
 def late_attention(results: Results) -> Measured:
-    groups = [g for g in VARIANT_GROUPS["hmm"] if _has(results, g, "late_attention")]
+    groups = [g for g in VARIANT_GROUPS["hmm"] if has_result(results, g, "late_attention")]
     if not groups:
         raise MissingResult("late_attention")
     result = results[groups[0]]["late_attention"]
     horizons = result["horizons"]
     factors = {h: row["factors"]["kl_bits"] for h, row in horizons.items()}
     at = f" at K={'/'.join(horizons)}"
-    ours = "kl_bits " + "/".join(_x(f) for f in factors.values()) + at
-    strict = "mae_bits " + "/".join(_x(row["factors"]["mae_bits"]) for row in horizons.values()) + at
+    ours = "kl_bits " + "/".join(fmt_factor(f) for f in factors.values()) + at
+    strict = "mae_bits " + "/".join(fmt_factor(row["factors"]["mae_bits"]) for row in horizons.values()) + at
     return Measured({"kl_factors": list(factors.values())}, ours, strict)
 
 
@@ -277,7 +151,7 @@ def layer_ablation(results: Results) -> Measured:
     found = {}
     for tunnel, groups in (("bijection", ("bijection_transformer",)), ("hmm", HMM_TRANSFORMER_GROUPS)):
         try:
-            found[tunnel] = _first(results, groups, "layer_ablation")
+            found[tunnel] = first_result(results, groups, "layer_ablation")
         except MissingResult:
             continue
     if not found:
@@ -288,8 +162,8 @@ def layer_ablation(results: Results) -> Measured:
         metric = PAPER_METRIC[tunnel]
         ratios = [median_of(row["ratios"][metric]) for row in layers]
         minima.append(min(ratios))
-        parts.append(f"{tunnel}{_variant_of(result)} {metric} " + ", ".join(_x(r) for r in ratios))
-        strict.append(f"{tunnel} mae_bits " + ", ".join(_x(median_of(row["ratios"]["mae_bits"])) for row in layers))
+        parts.append(f"{tunnel}{variant_of(result)} {metric} " + ", ".join(fmt_factor(r) for r in ratios))
+        strict.append(f"{tunnel} mae_bits " + ", ".join(fmt_factor(median_of(row["ratios"]["mae_bits"])) for row in layers))
     return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict), _layer_ablation_per_seed(found))
 
 
@@ -314,14 +188,14 @@ def _layer_ablation_per_seed(found: Mapping[str, Mapping[str, Any]]) -> tuple[Va
 
 
 def head_ablation(results: Results) -> Measured:
-    result = _result(results, "bijection_transformer", "head_ablation")
+    result = result_of(results, "bijection_transformer", "head_ablation")
     seeds = result["per_run"]
     parts = []
     for run in seeds:
         worst = run["worst"]
         over = run["top_over_second"]
         parts.append(
-            f"L{worst['layer']}H{worst['head']} {_x(worst['mae_ratio'])}, "
+            f"L{worst['layer']}H{worst['head']} {fmt_factor(worst['mae_ratio'])}, "
             + (f"{over:.2f}x the next" if over is not None else "next not destructive")
         )
     values = {
@@ -345,7 +219,7 @@ def unique_layer0_head(values: Values) -> bool:
 
 
 def no_break(results: Results) -> Measured:
-    result = _first(results, HMM_TRANSFORMER_GROUPS, "length_generalization")
+    result = first_result(results, HMM_TRANSFORMER_GROUPS, "length_generalization")
     horizons = result["horizons"]
     trained = result["training_horizon"]
     beyond = [h for h in horizons if int(h) > trained]
@@ -358,12 +232,12 @@ def no_break(results: Results) -> Measured:
     boundary = kl["boundary"]
     ratio = boundary["ratio"]
     ours = (
-        f"K={longest}{_variant_of(result)}: kl_bits step t={trained}→{trained + 1} {_g(boundary['step'])} vs largest nearby "
-        f"{_g(boundary['largest_neighbor_step'])} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
-        f"mean over t≤{trained} {_g(kl['within_training'])}, after {_g(kl['beyond_training'])}"
+        f"K={longest}{variant_of(result)}: kl_bits step t={trained}→{trained + 1} {fmt_bits(boundary['step'])} vs largest nearby "
+        f"{fmt_bits(boundary['largest_neighbor_step'])} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
+        f"mean over t≤{trained} {fmt_bits(kl['within_training'])}, after {fmt_bits(kl['beyond_training'])}"
     )
     mae = row["beyond"]["mae_bits"]["boundary"]
-    strict = f"mae_bits step {_g(mae['step'])} vs {_g(mae['largest_neighbor_step'])}"
+    strict = f"mae_bits step {fmt_bits(mae['step'])} vs {fmt_bits(mae['largest_neighbor_step'])}"
     values = {
         "boundary_ratio": ratio,
         "within_training_kl_bits": kl["within_training"],
@@ -392,12 +266,12 @@ def smooth_at_the_horizon(values: Values) -> bool:
 
 
 def relabeling(results: Results) -> Measured:
-    result = _first(results, HMM_TRANSFORMER_GROUPS, "relabeling")
+    result = first_result(results, HMM_TRANSFORMER_GROUPS, "relabeling")
     run = result["per_run"][0]
     low, high = run["delta_mae_bits_ci"]
     ours = (
-        f"ΔMAE {run['delta_mae_bits']:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {_g(run['mae_bits_before'])} "
-        f"(prior {_g(run['mae_bits_prior'])}){_variant_of(result)}"
+        f"ΔMAE {run['delta_mae_bits']:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {fmt_bits(run['mae_bits_before'])} "
+        f"(prior {fmt_bits(run['mae_bits_prior'])}){variant_of(result)}"
     )
     values = {
         "delta_ci": [low, high],
@@ -417,7 +291,7 @@ def relabeling(results: Results) -> Measured:
     kl_low, kl_high = run["delta_kl_bits_ci"]
     strict = (
         f"ΔKL {run['delta_kl_bits']:+.2g} bits, 95% CI [{kl_low:+.2g}, {kl_high:+.2g}] on kl_bits "
-        f"{_g(run['kl_bits_before'])} (KL sees which state is which; entropy does not)"
+        f"{fmt_bits(run['kl_bits_before'])} (KL sees which state is which; entropy does not)"
     )
     return Measured(values, ours, strict, per_seed)
 
@@ -433,7 +307,7 @@ def relabeling_invariant(values: Values) -> bool:
 
 def seeds(results: Results) -> Measured:
     for tunnel in ("hmm", "bijection"):  # the paper's seed figure is the HMM's
-        if _has(results, tunnel, "seeds"):
+        if has_result(results, tunnel, "seeds"):
             result = results[tunnel]["seeds"]
             break
     else:
@@ -442,17 +316,17 @@ def seeds(results: Results) -> Measured:
     rows = [row["metrics"][metric] for row in result["horizons"].values()]
     spread = max(row["spread"] for row in rows)
     if any("gap_over_spread" not in row for row in rows):
-        ours = f"{tunnel}: seed spread {_g(spread)} bits {metric} (no MLP to compare)"
+        ours = f"{tunnel}: seed spread {fmt_bits(spread)} bits {metric} (no MLP to compare)"
         return Measured({"gap_over_spread": None, "gap_fraction": None}, ours)
     # Seeds with no spread at all (identical errors) fit infinitely many times into any gap.
     gap = min(math.inf if row["gap_over_spread"] is None else row["gap_over_spread"] for row in rows)
     fraction = min(row["gap_to_mlp"] / row["mlp"] for row in rows)
     ours = (
-        f"{tunnel}, {len(result['seeds'])} seeds: spread {_g(spread)} bits {metric}; the MLP's gap {_x(gap)} the spread, "
+        f"{tunnel}, {len(result['seeds'])} seeds: spread {fmt_bits(spread)} bits {metric}; the MLP's gap {fmt_factor(gap)} the spread, "
         f"{fraction:.0%} of the MLP's error"
     )
     mae = [row["metrics"]["mae_bits"]["spread"] for row in result["horizons"].values()]
-    return Measured({"gap_over_spread": gap, "gap_fraction": fraction}, ours, f"mae_bits spread {_g(max(mae))}")
+    return Measured({"gap_over_spread": gap, "gap_fraction": fraction}, ours, f"mae_bits spread {fmt_bits(max(mae))}")
 
 
 def seeds_agree(values: Values) -> bool:
@@ -467,7 +341,7 @@ def seeds_agree(values: Values) -> bool:
 
 
 def key_orthogonality(results: Results) -> Measured:
-    result = _result(results, "bijection_transformer", "key_orthogonality")
+    result = result_of(results, "bijection_transformer", "key_orthogonality")
     measures = result["measures"]
     later = measures["normalized_output_keys_abs"]
     layer0 = later["layers"][0]
@@ -487,7 +361,7 @@ def below_half_chance(values: Values) -> bool:
 
 
 def qk_sharpening(results: Results) -> Measured:
-    result = _result(results, "bijection_transformer", "qk_sharpening")
+    result = result_of(results, "bijection_transformer", "qk_sharpening")
     layers = result["layers"]
     lifts = [row["lift"]["evidence"] for row in layers]
     entropies = [median_of(row["entropy_bits"]) for row in layers]
@@ -507,19 +381,19 @@ def sharpens_with_depth(values: Values) -> bool:
 
 
 def value_manifold(results: Results) -> Measured:
-    result = _result(results, "bijection_transformer", "value_manifold")
+    result = result_of(results, "bijection_transformer", "value_manifold")
     authors = result["measures"]["ln_final_value_positions_max_pearson"]
     pc1, r = median_of(authors["pc1_variance"]), median_of(authors["correlation"]["value"])
     ours = f"bijection, final-normed value positions: PC1 {pc1:.0%}, max |Pearson| {r:.2f} (PC{authors['correlation']['pc']})"
     parts = []
     for group in ("bijection_transformer", "hmm_transformer"):
-        if _has(results, group, "value_manifold"):
+        if has_result(results, group, "value_manifold"):
             mine = results[group]["value_manifold"]["measures"]["resid_supervised_spearman_pc1"]
             parts.append(
                 f"{group.split('_')[0]} residual at supervised positions: PC1 {median_of(mine['pc1_variance']):.0%}, "
                 f"|Spearman| {median_of(mine['correlation']['value']):.2f}"
             )
-    if _has(results, "hmm_transformer", "value_manifold"):
+    if has_result(results, "hmm_transformer", "value_manifold"):
         hmm = results["hmm_transformer"]["value_manifold"]["measures"]["ln_final_supervised_abs_pearson_pc1"]
         parts.append(
             f"hmm, the authors' HMM measure (no threshold): PC1 {median_of(hmm['pc1_variance']):.0%}, "
@@ -533,7 +407,7 @@ def one_dimensional(values: Values) -> bool:
 
 
 def dissociation(results: Results) -> Measured:
-    result = _result(results, "bijection_transformer", "training_dynamics")
+    result = result_of(results, "bijection_transformer", "training_dynamics")
     metric = PAPER_METRIC["bijection"]
     step, fraction = result["stabilization_step"], result["stabilization_fraction"]
     if step is None:
@@ -541,9 +415,9 @@ def dissociation(results: Results) -> Measured:
     ratio = result["ratio_stabilization_to_final"][metric]
     ours = (
         f"attention settles at step {step} ({fraction:.0%} of training); {metric} there "
-        f"{_g(result['at_stabilization'][metric])}, at the end {_g(result['final'][metric])} ({_x(ratio)} lower)"
+        f"{fmt_bits(result['at_stabilization'][metric])}, at the end {fmt_bits(result['final'][metric])} ({fmt_factor(ratio)} lower)"
     )
-    strict = f"mae_bits {_x(result['ratio_stabilization_to_final']['mae_bits'])} lower"
+    strict = f"mae_bits {fmt_factor(result['ratio_stabilization_to_final']['mae_bits'])} lower"
     return Measured({"fraction": fraction, "ratio": ratio}, ours, strict)
 
 
