@@ -24,7 +24,7 @@ from windtunnel.history import (
     read_metrics,
     training_seconds,
 )
-from windtunnel.report.claim_types import median_of
+from windtunnel.report.claim_types import Verdict, median_of
 from windtunnel.report.claims import evaluate_claims, tally, variant_name
 from windtunnel.report.folder import (
     INIT_DIR,
@@ -99,6 +99,11 @@ FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
 TABLE1_GROUPS = ("bijection", "bijection_with_replacement", "hmm", "hmm_floor")
 
 
+def _verdict_cell(judged: Verdict) -> str:
+    """``"yes"``, ``"no"`` or ``"n/a"``, with the seeds' split where each was judged alone."""
+    return verdict(judged.holds) + (f"; {judged.seed_split}" if judged.seed_split else "")
+
+
 def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[str, dict[str, dict[str, Any]]], scale: str) -> Table:
     """The claim table: the verdict, the paper's number and how it fares under our criterion,
     ours, our stricter measure, what the runs' initial weights score, the criterion."""
@@ -108,9 +113,8 @@ def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[st
         paper = claim.paper.number
         if claim.paper.authors_fail:
             paper += f". The authors' own result fails it: {claim.paper.authors_fail}"
-        init_verdict = verdict(init.holds) + (f"; {init.seed_split}" if init.seed_split else "")
-        random_init = "n/a" if init.measured is None else f"{init.ours} ({init_verdict})"
-        holds = verdict(ours.holds) + (f"; {ours.seed_split}" if ours.seed_split else "")
+        random_init = "n/a" if init.measured is None else f"{init.ours} ({_verdict_cell(init)})"
+        holds = _verdict_cell(ours)
         # The verdict sits beside the claim: the table is wider than a page and scrolls sideways.
         rows.append([claim.claim, holds, paper, verdict(claim.paper_holds()), ours.ours,
                      ours.stricter or None, random_init, claim.criterion])
