@@ -15,6 +15,14 @@ from windtunnel.tunnels import BijectionTunnel
 TUNNEL = BijectionTunnel(V=6)
 EVAL_SET = EvalSet.draw(TUNNEL, horizon=5, n=64, batch_size=64, seed=0)
 
+#: Two code paths through the same float32 model (the analysis's traced forward with a layer or
+#: head masked; the oracle's plain forward, or a copy with the weights cut) may order float32
+#: reductions differently on different processors' kernels (measured: 1.7e-13 relative on an
+#: Intel Xeon, 0 on AMD EPYCs). Their logits then agree to a few float32 ulps (2**-23 = 1.2e-7
+#: relative), so the float64 metrics computed from them agree to about 1e-6 relative; a wrong
+#: layer or head removed moves them by far more (the tests check that too).
+FLOAT32_PATHS = 1e-6
+
 
 def tiny(seed: int):
     return build_model(
@@ -49,8 +57,10 @@ def test_removing_an_identity_layer_changes_nothing():
     silence_layer(model, 1)
     result = layer_ablation([model], EVAL_SET)
     ratios = [row["mae_ratio"] for row in result["layers"]]
-    assert ratios[1] == 1.0 and result["layers"][1]["kl_ratio"] == 1.0
-    assert ratios[0] != 1.0 and ratios[2] != 1.0  # real layers do move the predictions
+    assert ratios[1] == pytest.approx(1.0, rel=FLOAT32_PATHS)
+    assert result["layers"][1]["kl_ratio"] == pytest.approx(1.0, rel=FLOAT32_PATHS)
+    # Real layers do move the predictions, by far more than the float32 paths differ.
+    assert abs(ratios[0] - 1.0) > 10 * FLOAT32_PATHS and abs(ratios[2] - 1.0) > 10 * FLOAT32_PATHS
 
 
 def test_the_only_live_head_is_the_most_destructive():
@@ -66,7 +76,7 @@ def test_the_only_live_head_is_the_most_destructive():
     assert grid[2][1] == result["most_destructive"]["mae_ratio"] > 1.0
     for row in result["heads"]:
         if (row["layer"], row["head"]) != (2, 1):
-            assert row["mae_ratio"] == pytest.approx(1.0, abs=1e-12)  # a silent head's removal is a no-op
+            assert row["mae_ratio"] == pytest.approx(1.0, rel=FLOAT32_PATHS)  # a silent head's removal is a no-op
 
 
 def test_ratios_average_per_run():
@@ -132,13 +142,15 @@ def test_heads_are_ranked_per_run_not_by_index_across_runs():
         ranking = result["per_run"][run]
         intact, ablated = mae(model), mae(without_head(model, layer, head))
         assert (ranking["worst"]["layer"], ranking["worst"]["head"]) == (layer, head)
-        assert ranking["intact_mae_bits"] == pytest.approx(intact, rel=1e-12)
-        assert ranking["worst"]["delta_mae_bits"] == pytest.approx(ablated - intact, rel=1e-9)
-        assert ranking["worst"]["mae_ratio"] == pytest.approx(ablated / intact, rel=1e-9)
-        assert ranking["second"]["delta_mae_bits"] == pytest.approx(0.0, abs=1e-12)  # every other head is silent
+        assert ranking["intact_mae_bits"] == pytest.approx(intact, rel=FLOAT32_PATHS)
+        # A difference of two such numbers: its error is relative to them, not to itself.
+        assert ranking["worst"]["delta_mae_bits"] == pytest.approx(ablated - intact, abs=2 * FLOAT32_PATHS * ablated)
+        assert ranking["worst"]["mae_ratio"] == pytest.approx(ablated / intact, rel=2 * FLOAT32_PATHS)
+        # Every other head is silent: its removal changes nothing but the float32 path.
+        assert ranking["second"]["delta_mae_bits"] == pytest.approx(0.0, abs=2 * FLOAT32_PATHS * intact)
         assert ranking["top_over_second"] is None  # nothing to divide by
     ratio_a = result["per_run"][0]["worst"]["mae_ratio"]
-    assert result["mae_ratio"][2][1] == pytest.approx((ratio_a + 1.0) / 2, rel=1e-9)
+    assert result["mae_ratio"][2][1] == pytest.approx((ratio_a + 1.0) / 2, rel=2 * FLOAT32_PATHS)
 
 
 def test_top_over_second_is_the_ratio_of_the_two_largest_rises():
@@ -151,12 +163,16 @@ def test_top_over_second_is_the_ratio_of_the_two_largest_rises():
     (top, d_top), (second, d_second) = sorted(deltas.items(), key=lambda kv: -kv[1])
     assert (ranking["worst"]["layer"], ranking["worst"]["head"]) == top
     assert (ranking["second"]["layer"], ranking["second"]["head"]) == second
-    assert ranking["top_over_second"] == pytest.approx(d_top / d_second, rel=1e-9)
+    # Each rise is a difference of two metrics that agree to FLOAT32_PATHS relative, so the
+    # ratio of the rises carries that error over the smaller rise's size.
+    slack = 4 * FLOAT32_PATHS * intact / d_second
+    assert ranking["top_over_second"] == pytest.approx(d_top / d_second, rel=slack)
 
 
 def test_an_identity_layer_has_ratio_one_on_every_metric():
     model = tiny(0)
     silence_layer(model, 1)
     row = layer_ablation([model], EVAL_SET)["layers"][1]
-    assert {name: ratio["mean"] for name, ratio in row["ratios"].items()} == {
-        "mae_aggregate_bits": 1.0, "mae_bits": 1.0, "kl_bits": 1.0}
+    assert set(row["ratios"]) == {"mae_aggregate_bits", "mae_bits", "kl_bits"}
+    for name, ratio in row["ratios"].items():
+        assert ratio["mean"] == pytest.approx(1.0, rel=FLOAT32_PATHS), name
