@@ -1,104 +1,119 @@
 #!/usr/bin/env bash
-# One paper-scale run for one GPU window: train a configs/paper preset on CUDA (compiled, bf16
-# autocast, fp32 master weights, batches drawn on the GPU), evaluate it, run every analysis
-# that applies on CUDA, time bench/step.py, and pack the run into at most 4 files of 15 MiB
-# under $OUT (the device tool brings back 8 files of 16 MiB at most).
+# One GPU window of the paper-scale reproduction: the next owed slice of runs, into results/paper.
 #
-#   OUT=out PRESET=bijection_transformer SEED=0 COMMIT=$(git rev-parse HEAD) bash bench/gpu_slice.sh
-#   DRY_RUN=1 OUT=/tmp/dry bash bench/gpu_slice.sh     # the same path on the CPU, at tiny size
+#   OUT=out WINDTUNNEL_COMMIT=<commit> bash bench/gpu_slice.sh     # on the GPU machine, from the repository root
+#   DRY_RUN=1 OUT=/tmp/dry bash bench/gpu_slice.sh                 # the same path on a CPU at a tiny size (CI runs it)
+#   bash bench/unpack_slice.sh <folder with the parts>              # back here: results/paper updated
 #
-# Training stops at TRAIN_S seconds (SIGINT: the trainer ends the step, saves its state and
-# exits); a run stopped before its configured steps is packed as it stands and its
-# provenance says how far it got. The device machine's python3 has its own CUDA PyTorch:
-# the code runs from src/, and mambapy travels unpacked in .gpu_deps/ (see bench/gpu_check.sh).
+# 1. Sanity, about 30 s: the device, the code and its carried packages import, and a compiled
+#    bf16 step of a one-layer paper model runs on it; anything wrong stops the window here.
+# 2. Where the step's time goes (bench/profile_step.py, ~1 min): kept until the step is fast
+#    enough for a paper HMM run in one command. PROFILE=0 skips it.
+# 3. The slice: `windtunnel reproduce --scale paper --only-runs $RUNS --time-limit $TRAIN_S
+#    --out results/paper --resume`: trained on the device (the presets compile and train in
+#    bf16), every analysis of the groups it joins computed on the device over every run of
+#    the group present (at initialization too), each run reduced to its final float32 weights
+#    in shards of at most 15 MiB, the report rebuilt. RUNS defaults to the first run of
+#    PRIORITY that results/paper does not hold. A run stopped by TRAIN_S says so everywhere.
+# 4. bench/step.py's CUDA figures, when results/paper/bench/ has none for this GPU yet.
+# 5. Packing: results/paper's new and changed files, and the list of every file it holds,
+#    in one tar cut into parts of 15 MiB under $OUT (the device tool brings back at most 8
+#    files of 16 MiB); bench/unpack_slice.sh applies them here.
+#
+# The device machine's python3 has its own CUDA PyTorch and no registry: the code runs from
+# src/, mambapy (the model registry imports it) travels unpacked in .gpu_deps/ (`pip download
+# mambapy==1.2.0 --no-deps -d /tmp/w && unzip -o /tmp/w/*.whl -d .gpu_deps`, then name
+# .gpu_deps in the device run's carry), and huggingface_hub is on the machine already.
 set -uo pipefail
 OUT=${OUT:-gpu_slice_out}
-PRESET=${PRESET:-bijection_transformer}
-SEED=${SEED:-0}
-TRAIN_S=${TRAIN_S:-400}
-BUDGET_S=${BUDGET_S:-575}  # the whole script; the analyses get what training and the rest leave
-STEP_BENCH_S=${STEP_BENCH_S:-70}
-COMMIT=${COMMIT:-unknown}
+# The paper-scale plan in the order its slices are owed (the rest of the plan follows).
+PRIORITY=${PRIORITY:-"bijection_transformer_seed0 hmm_transformer_seed0 hmm_late_attention_off_seed0 bijection_mlp_seed0 hmm_mlp_seed0
+    bijection_transformer_seed1 bijection_transformer_seed2 hmm_transformer_seed1 hmm_transformer_seed2 hmm_transformer_seed3
+    hmm_transformer_seed4 hmm_transformer_floor_seed0 hmm_mlp_floor_seed0 hmm_late_attention_off_floor_seed0
+    bijection_replacement_transformer_seed0 bijection_replacement_mlp_seed0"}
+TRAIN_S=${TRAIN_S:-360}
+PROFILE=${PROFILE:-1}
+STEP_BENCH_S=${STEP_BENCH_S:-90}
 PY=${PY:-python3}
-export PYTHONPATH="src:bench:.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-started=$(date +%s)
+export PYTHONPATH="$PWD/src:$PWD/bench:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export WINDTUNNEL_COMMIT=${WINDTUNNEL_COMMIT:-unknown}
 work=$(mktemp -d)
-run="$work/${PRESET}_seed${SEED}"
 mkdir -p "$OUT"
 if [ "${DRY_RUN:-0}" = 1 ]; then
+    # A tiny model and a few steps, on the CPU, into a scratch copy of the folder's layout.
     DEVICE=cpu
-    SETS=(--set train.device=cpu --set train.steps=40 --set train.eval_every=20 --set train.checkpoint_every=20
-          --set train.log_every=10 --set eval.n=64 --set model.n_layers=2 --set model.d_model=32 --set model.d_mlp=64
-          --set model.n_heads=2)
-    PRECISION=fp32
+    RESULTS=${RESULTS:-$work/results}
+    SETS=(--set model.n_layers=2 --set model.d_model=32 --set model.d_mlp=64 --set model.n_heads=2 --set train.steps=30
+          --set train.eval_every=0 --set train.checkpoint_every=15 --set train.log_every=5 --set eval.n=64 --set eval.bootstrap=50
+          --set train.compile=false)
+    PROFILE_SETS=(--set model.n_layers=1 --set model.d_model=32 --set model.d_mlp=64 --set model.n_heads=2 --set train.compile=false)
 else
     DEVICE=cuda
-    SETS=(--set train.device=cuda --set train.compile=true --set train.bf16=true)
-    PRECISION=bf16-autocast
+    RESULTS=${RESULTS:-results/paper}
+    SETS=()
+    PROFILE_SETS=()
 fi
 
-# 1. Sanity: the device, the code and its carried packages import, before any time is spent.
+# 1. Sanity.
 $PY - "$DEVICE" >"$OUT/device.json" <<'EOF' || { cat "$OUT/device.json"; echo "sanity check failed"; exit 3; }
 import json, platform, sys
 import torch
-import windtunnel.models, windtunnel.analysis, mambapy  # noqa: F401  the registry imports mambapy
+import huggingface_hub, mambapy, windtunnel.analysis, windtunnel.models  # noqa: F401  what the slice imports
 device = sys.argv[1]
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
 if device == "cuda":
     assert torch.cuda.is_available(), "CUDA is not available"
     info["gpu"] = torch.cuda.get_device_name()
-    x = torch.randn(256, 256, device="cuda")
-    info["matmul_ok"] = bool(torch.isfinite(x @ x).all())
-else:
-    info["cpu"] = platform.processor() or platform.machine()
 print(json.dumps(info))
 EOF
 cat "$OUT/device.json"
+timeout 120 $PY -m windtunnel train configs/paper/bijection_transformer.toml --out "$work/sanity" --quiet \
+    --set train.device="$DEVICE" --set model.n_layers=1 --set train.steps=5 --set train.log_every=1 --set train.eval_every=0 \
+    --set eval.n=64 >"$work/sanity.json" 2>"$work/sanity.log" \
+    || { tail -20 "$work/sanity.log"; echo "sanity: a compiled step of the paper preset failed on $DEVICE"; exit 3; }
+echo "sanity: a compiled step of the paper preset ran on $DEVICE"
 
-# 2. Train.
-t0=$(date +%s)
-timeout -s INT -k 60 "$TRAIN_S" $PY -m windtunnel train "configs/paper/$PRESET.toml" --out "$run" \
-    --set train.seed="$SEED" "${SETS[@]}" --quiet 2>"$work/train.log"
-train_rc=$?
-train_s=$(( $(date +%s) - t0 ))
-echo "train rc=$train_rc in ${train_s}s (130 or 124: stopped by the timer at a step boundary, state saved)"
-tail -2 "$work/train.log"
-cp "$work/train.log" "$run/train.log" 2>/dev/null
-
-# 3. Evaluate the weights it ended with (eval.json), then every analysis that applies, on the device.
-$PY -m windtunnel eval "$run" >"$run/eval_stdout.txt" 2>"$run/eval.log"; echo "eval rc=$?"
-t1=$(date +%s)
-ANALYZE_S=$(( started + BUDGET_S - t1 - STEP_BENCH_S - 20 )); [ "$ANALYZE_S" -lt 30 ] && ANALYZE_S=30
-echo "analyses get ${ANALYZE_S}s"
-timeout "$ANALYZE_S" $PY -m windtunnel analyze "$run" --device "$DEVICE" --out "$run/analysis" \
-    >"$run/analyze_stdout.txt" 2>"$run/analyze.log"
-echo "analyze rc=$? in $(( $(date +%s) - t1 ))s"; tail -3 "$run/analyze.log"
-
-# 4. The step's cost on this device (once per window is plenty; the HMM step decides whether
-#    the paper HMM run fits in one command).
-if [ "$DEVICE" = cuda ]; then
-    timeout "$STEP_BENCH_S" $PY bench/step.py --devices cuda --steps 30 --presets hmm_transformer bijection_transformer \
-        --variants compile_bf16 >"$OUT/step.json" 2>"$work/step.log"
-    echo "bench/step.py rc=$?"; cat "$OUT/step.json"; tail -3 "$work/step.log"
+# 2. Where the step's time goes.
+if [ "$PROFILE" = 1 ]; then
+    timeout 150 $PY bench/profile_step.py --device "$DEVICE" --preset bijection_transformer --steps 40 "${PROFILE_SETS[@]}" \
+        >"$OUT/profile_bijection.json" 2>"$work/profile.log"; echo "profile rc=$?"
+    head -c 600 "$OUT/profile_bijection.json"; echo
 fi
 
-# 5. Pack, with provenance.
-provenance=$($PY - "$run" "$DEVICE" "$PRECISION" "$COMMIT" "$train_s" "$train_rc" "$OUT/device.json" <<'EOF'
-import json, statistics, sys
-run, device, precision, commit, train_s, train_rc, device_json = sys.argv[1:]
-rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
-config = json.load(open(f"{run}/config.json"))
-batch = config["train"]["batch_size"]
-rates = [r["seq_per_s"] / batch for r in rows if "seq_per_s" in r][1:]
-print(json.dumps({
-    **json.load(open(device_json)), "device": device, "precision": precision, "commit": commit,
-    "steps_configured": config["train"]["steps"], "steps_done": max(r["step"] for r in rows),
-    "steps_per_s_median": statistics.median(rates) if rates else None, "train_wall_s": int(train_s),
-    "train_rc": int(train_rc), "command": "bash bench/gpu_slice.sh",
-}))
-EOF
-)
-echo "$provenance"
-$PY bench/pack_run.py "$run" "$OUT" --provenance "$provenance"
+# 3. The slice.
+if [ -z "${RUNS:-}" ]; then
+    for name in $PRIORITY; do
+        if [ ! -f "$RESULTS/runs/$name/config.json" ]; then RUNS=$name; break; fi
+    done
+fi
+[ -n "${RUNS:-}" ] || { echo "every run of PRIORITY is in $RESULTS: nothing owed"; exit 0; }
+echo "slice: $RUNS (time limit ${TRAIN_S}s per run)"
+mkdir -p "$RESULTS"
+touch "$work/started"
+sleep 1  # file times have a one-second grain on some file systems: everything written from here on is newer
+resume=(); [ -f "$RESULTS/reproduce.json" ] && resume=(--resume)
+t0=$(date +%s)
+$PY -m windtunnel reproduce --scale paper --only-runs $RUNS --time-limit "$TRAIN_S" --out "$RESULTS" "${resume[@]}" \
+    "${SETS[@]}" >"$work/reproduce.json" 2>"$work/reproduce.log"
+rc=$?
+echo "reproduce rc=$rc in $(( $(date +%s) - t0 ))s"; grep -v "^\[train\] " "$work/reproduce.log" | tail -15
+cp "$work/reproduce.log" "$OUT/reproduce.log"
+
+# 4. The step's cost on this GPU, once.
+if [ "$DEVICE" = cuda ]; then
+    gpu=$($PY -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
+    if [ ! -f "$RESULTS/bench/step_$gpu.json" ]; then
+        mkdir -p "$RESULTS/bench"
+        timeout "$STEP_BENCH_S" $PY bench/step.py --devices cuda --steps 30 --presets hmm_transformer bijection_transformer \
+            --variants plain compile_bf16 >"$work/step.json" 2>"$work/step.log" && cp "$work/step.json" "$RESULTS/bench/step_$gpu.json"
+        echo "bench/step.py rc=$?"
+    fi
+fi
+
+# 5. Pack.
+(cd "$RESULTS" && find . -type f | sort >"$work/FILES" && cp "$work/FILES" ./FILES \
+    && find . -type f -newer "$work/started" | sort | tar cf - -T - ) | split -b 15M -d - "$OUT/results.tar.part"
+rm -f "$RESULTS/FILES"
 ls -la "$OUT"
 rm -rf "$work"
+exit $rc

@@ -7,12 +7,12 @@ For each device (the CPU, and CUDA where torch sees one) and each preset of
 ``configs/paper``, the trainer itself (:func:`windtunnel.training.trainer.train`: sampling,
 forward, loss, backward, clipping, AdamW, logging) runs ``--steps`` steps in each variant:
 
-- ``plain``: the default step (only what the supervised positions need is computed);
+- ``plain``: the step in float32, uncompiled (only what the supervised positions need is computed);
 - ``full_forward``: every position computed, then the supervised ones taken (the step
   before ``train.supervised_only``), the unoptimized reference;
 - ``compile``: the plain step through ``torch.compile`` (static shapes);
-- ``bf16`` and ``compile_bf16``: bfloat16 autocast, without and with compilation (CUDA only:
-  the trainer ignores bf16 on a CPU, so it is not measured there);
+- ``bf16`` and ``compile_bf16``: bfloat16 autocast, without and with compilation (the paper
+  presets' own setting; measured on CUDA only, where the paper-scale runs train);
 - ``host_data``: batches drawn on the host and copied over, as before ``train.data_on_device``
   (CUDA only: on a CPU the host is the device).
 
@@ -46,16 +46,17 @@ from windtunnel.run_config import RunConfig, load_run_config
 from windtunnel.runs import build_run_model
 from windtunnel.training.trainer import train
 
-from train_throughput import cpu_model  # bench/ is the script's folder: the processor's name, as the other benchmarks give it
+from windtunnel.provenance import cpu_model
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "paper"
+# Each variant names both switches: the paper presets themselves compile and train in bf16.
 VARIANTS = {
-    "plain": [],
-    "full_forward": ["train.supervised_only=false"],
-    "compile": ["train.compile=true"],
-    "bf16": ["train.bf16=true"],
+    "plain": ["train.compile=false", "train.bf16=false"],
+    "full_forward": ["train.compile=false", "train.bf16=false", "train.supervised_only=false"],
+    "compile": ["train.compile=true", "train.bf16=false"],
+    "bf16": ["train.compile=false", "train.bf16=true"],
     "compile_bf16": ["train.compile=true", "train.bf16=true"],
-    "host_data": ["train.data_on_device=false"],
+    "host_data": ["train.compile=false", "train.bf16=false", "train.data_on_device=false"],
 }
 CUDA_ONLY = ("bf16", "compile_bf16", "host_data")
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from windtunnel.provenance import cpu_model  # the processor's name, as every benchmark and run records it
+
 from windtunnel.run_config import load_run_config
 from windtunnel.training.trainer import train
 
@@ -56,17 +58,6 @@ def measure(preset: str, overrides: list[str], steps: int, log_every: int) -> di
     rates = [r["seq_per_s"] / config.train.batch_size for r in intervals[1:]]
     first_s = intervals[0]["elapsed_s"]
     return {"steps_per_s": statistics.median(rates), "warmup_s": max(0.0, first_s - log_every / statistics.median(rates))}
-
-
-def cpu_model() -> str:
-    """The processor's name as Linux reports it (``platform`` gives only the architecture)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Without a GPU, two things can still be checked: that :func:`traced` (the one way an analysis
 runs a traced forward) sends the tokens to the model's device and hands back host tensors
 equal to the plain forward's, and that no analysis module runs a traced forward any other
-way. That the numbers on a GPU match the CPU's is checked by ``bench/gpu_check.sh``.
+way. That the numbers on a GPU match the CPU's: ``bench/compare_analyses.py`` on a GPU window's analyses.
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     "windtunnel.metrics": set(),
     "windtunnel.files": set(),
     "windtunnel.history": set(),
+    "windtunnel.provenance": {"windtunnel.files"},
     "windtunnel.memory": {"windtunnel.config"},
     # The report reads saved results only: never a model, a tunnel, the trainer, or the
     # reproduction that wrote them.
-    "windtunnel.report": {"windtunnel.files", "windtunnel.history"},
+    "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.provenance"},
 }
 
 #: Import cycles kept on purpose (every other strongly connected set of modules fails the test).

@@ -125,8 +125,9 @@ def test_the_manifest_lists_the_scale_and_every_run(tiny):
     """reproduce.json holds what the report needs besides the runs' and analyses' own files."""
     manifest = json.loads((tiny / "reproduce.json").read_text())
     scale = SCALES["tiny"]
-    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs", "study"}
+    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs", "study", "planned"}
     assert manifest["study"] == "claims"
+    assert manifest["planned"] == [run["name"] for run in manifest["runs"]]  # every planned run is there
     assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
     assert manifest["cuts"] == list(scale.cuts) and manifest["wall_s"] > 0
     assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {tiny}"
@@ -159,7 +160,8 @@ def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_pa
 
 def test_the_report_imports_nothing_of_the_reproduction():
     """Every import of report/build.py and report/folder.py (functions and type-checking blocks
-    included) is of the report, the history or the standard library: never the plan it reports on."""
+    included) is of the report, the history, a run's provenance or the standard library: never the plan it
+    reports on."""
 
     def ours(module) -> set[str]:
         tree = ast.parse(Path(module.__file__).read_text())
@@ -167,7 +169,7 @@ def test_the_report_imports_nothing_of_the_reproduction():
         names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         return {name for name in names if name.startswith("windtunnel")}
 
-    assert ours(report_build) == {"windtunnel.history", "windtunnel.report.claim_types", "windtunnel.report.claims",
+    assert ours(report_build) == {"windtunnel.history", "windtunnel.provenance", "windtunnel.report.claim_types", "windtunnel.report.claims",
                                   "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.primitives"}
     assert ours(report_folder) == set()
 

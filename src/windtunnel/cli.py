@@ -66,6 +66,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: need seconds >= 0") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: need a finite number of seconds >= 0")
+    return value
+
+
 def _seed(text: str) -> int:
     value = _integer(text)
     if not 0 <= value <= MAX_SEED:
@@ -152,7 +162,18 @@ def _parser() -> argparse.ArgumentParser:
     reproduce.add_argument(
         "--nproc-per-run", type=_positive_int, default=1, metavar="N", help="train each run with DDP over N processes (one per GPU)"
     )
+    reproduce.add_argument(
+        "--only-runs", nargs="+", default=[], metavar="RUN",
+        help="train only these runs of the plan (e.g. bijection_transformer_seed0), keep what DIR already holds, "
+        "and analyze every group over the runs present: one slice of a reproduction filled over several sessions",
+    )
+    reproduce.add_argument(
+        "--time-limit", type=_non_negative_float, default=0.0, metavar="SECONDS",
+        help="a wall-clock budget for each run trained now: a run that reaches it ends there, and the report says so",
+    )
     _add_engine(reproduce, "DIR")
+    _add_overrides(reproduce, "override a config value of every run, e.g. train.steps=500 (repeatable; for trials: the runs "
+                   "then differ from the scale's)")
     reproduce.set_defaults(run=_cmd_reproduce)
 
     report = commands.add_parser(
@@ -162,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
         "in DIR (its reproduce.json, its runs' configs and histories, its analyses); nothing is trained or analyzed.",
     )
     report.add_argument("out", metavar="DIR", help="the folder of a finished reproduction")
+    report.add_argument(
+        "--beside", metavar="OTHER",
+        help="a reproduction of the claims at another scale (e.g. ./reproduction from `make run`): its verdicts in a "
+        "column beside this one's (the paper scale's results/paper beside the CPU scale's)",
+    )
     report.set_defaults(run=_cmd_report)
 
     sweep = commands.add_parser(
@@ -352,7 +378,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> None:
     with _one_writer(Path(args.out), create=True):
         index = reproduce(
             args.scale, Path(args.out), only=args.only, resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run,
-            engine=args.engine, address=args.address,
+            engine=args.engine, address=args.address, only_runs=tuple(args.only_runs), time_limit_s=args.time_limit,
+            overrides=tuple(args.overrides),
         )
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
@@ -361,7 +388,7 @@ def _cmd_report(args: argparse.Namespace) -> None:
     out = Path(args.out)
     with _one_writer(out):
         try:
-            index = build_report(out)
+            index = build_report(out, Path(args.beside) if args.beside else None)
         except ReportError as error:  # not a finished reproduction: bad input, as for every command
             raise ConfigError(str(error)) from None
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))

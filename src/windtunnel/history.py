@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "clock_segments", "parse_metrics", "plateau_exit_step",
-    "read_metrics", "training_seconds",
+    "HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "clock_segments", "end_step", "parse_metrics",
+    "plateau_exit_step", "read_metrics", "stop_record", "training_seconds",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -85,3 +85,17 @@ def training_seconds(records: Sequence[dict[str, Any]]) -> float:
     """The run's training time over all its starts: each start's last logged ``elapsed_s``,
     summed (the time between a start's last record and its interruption is not logged)."""
     return sum(segment[-1]["elapsed_s"] for segment in clock_segments(records))
+
+
+def stop_record(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of a run that ended before its configured steps (``train.time_limit_s``:
+    ``{"step": N, "stopped": "time_limit", ...}``), if its last start ended so; else None.
+    A later start that trains on supersedes it (its records follow)."""
+    last = records[-1] if records else None
+    return last if last is not None and "stopped" in last else None
+
+
+def end_step(records: Sequence[dict[str, Any]], configured_steps: int) -> int:
+    """The step a run ends at: where it stopped early (:func:`stop_record`), else its configured steps."""
+    stopped = stop_record(records)
+    return int(stopped["step"]) if stopped is not None else configured_steps

@@ -19,6 +19,7 @@ again resumes every run where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -39,8 +40,8 @@ from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.history import METRICS_FILE, MetricsError, clock_segments, parse_metrics
 from windtunnel.progress import is_terminal
 from windtunnel.run_config import RunConfig, load_run_config
-from windtunnel.runs import CONFIG_FILE, read_run_config
-from windtunnel.training.checkpoint import list_snapshots, read_resume_step
+from windtunnel.runs import CONFIG_FILE, read_run_config, run_end_step
+from windtunnel.training.checkpoint import list_snapshots, read_final_weights_step, read_resume_step
 from windtunnel.training.trainer import TrainingInterrupted
 
 __all__ = [
@@ -83,22 +84,32 @@ class TrainJob:
 
 
 def job_state(job: TrainJob) -> State:
-    """``done`` (final snapshot written), ``partial`` (a checkpoint to resume) or ``new``.
+    """``done`` (the final snapshot written, at its configured steps or where its time limit
+    stopped it, or its final weights kept alone: a results folder's run), ``partial`` (a
+    checkpoint to resume) or ``new``.
 
     Raises ConfigError if ``run_dir`` holds a run of a different config: a reproduction
-    never silently mixes runs of two protocols.
+    never silently mixes runs of two protocols (another device or time limit is the same protocol).
     """
     if not (job.run_dir / CONFIG_FILE).is_file():
         return "new"
     stored, wanted = read_run_config(job.run_dir), job.resolved()
-    if stored != wanted:
+    if _protocol(stored) != _protocol(wanted):
         raise ConfigError(
             f"{str(job.run_dir)!r} holds a run of another config than {job.name!r} asks for; "
             "use a new output directory (or delete that run)"
         )
-    if list_snapshots(job.run_dir)[-1:] == [wanted.train.steps]:
+    if read_final_weights_step(job.run_dir) is not None:
+        return "done"
+    if list_snapshots(job.run_dir)[-1:] == [run_end_step(job.run_dir, stored)]:
         return "done"
     return "partial" if read_resume_step(job.run_dir) is not None else "new"
+
+
+def _protocol(config: RunConfig) -> RunConfig:
+    """``config`` without where it trains and its stopping rule (``train.device``,
+    ``train.time_limit_s``): a run of the same protocol on another machine is the same run."""
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, time_limit_s=0.0, device="auto"))
 
 
 def train_command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:

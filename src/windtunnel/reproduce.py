@@ -37,6 +37,7 @@ from typing import Any
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content
 from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
+from windtunnel.runs import CONFIG_FILE, keep_final_weights
 from windtunnel.ray_engine import RayEngine, check_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import (
@@ -171,6 +172,40 @@ def plan_analyses(
     return [(group, run_dirs) for group, run_dirs in planned if run_dirs]
 
 
+def _slice(planned: Sequence[TrainJob], only_runs: Sequence[str], time_limit_s: float) -> list[TrainJob]:
+    """The runs of ``planned`` that ``only_runs`` names (all when empty), each with the time
+    limit, if any, among its overrides."""
+    names = [job.name for job in planned]
+    unknown = [name for name in only_runs if name not in names]
+    if unknown:
+        raise ConfigError(f"--only-runs {unknown[0]!r} is not a run of this plan; choose from: {', '.join(names)}")
+    if time_limit_s < 0:
+        raise ConfigError(f"--time-limit {time_limit_s:g} is out of range: need seconds >= 0")
+    chosen = [job for job in planned if not only_runs or job.name in only_runs]
+    if time_limit_s:
+        chosen = [dataclasses.replace(job, overrides=(*job.overrides, f"train.time_limit_s={time_limit_s}")) for job in chosen]
+    return chosen
+
+
+def _drop_stale(folder: Path, runs: Sequence[Any], only: Sequence[str]) -> None:
+    """Remove the results in ``folder`` of analyses in ``only`` that were computed over other
+    runs than ``runs`` (an earlier slice's), so that those that apply are computed again over
+    these (and those that no longer apply, a single model's curves once its group compares
+    two, are gone). A training-history analysis is kept as it was: it reads snapshots, which
+    the runs of a results folder no longer have, and its result says which runs it covers."""
+    from windtunnel.analysis import ANALYSES
+
+    names = sorted(run.directory.name for run in runs)
+    for name in only or ANALYSES:
+        path = folder / f"{name}.json"
+        if not path.is_file() or name in HISTORY_ANALYSES:
+            continue
+        covered = sorted(Path(d).name for d in json.loads(path.read_text()).get("run_dirs", []))
+        if covered != names:
+            for stale in folder.glob(f"{name}.*"):
+                stale.unlink()
+
+
 def _manifest_run(job: TrainJob, out: Path) -> ManifestRun:
     """The manifest's entry of ``job``, a run of the plan in ``out`` (its config is resolved,
     and so checked, on the way)."""
@@ -198,6 +233,9 @@ def reproduce(
     report: Callable[[str], None] | None = None,
     engine: str = "local",
     address: str | None = None,
+    only_runs: Sequence[str] = (),
+    time_limit_s: float = 0.0,
+    overrides: Sequence[str] = (),
 ) -> Path:
     """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
 
@@ -208,6 +246,14 @@ def reproduce(
     trains each run with DDP over that many processes (``torch.distributed.run``; one per GPU).
     ``engine="ray"`` trains each run as a Ray task (:mod:`windtunnel.ray_engine`), on a local
     Ray instance or on the cluster at ``address``, and times the warm-up there too.
+
+    ``only_runs`` names a slice of the plan (``bijection_transformer_seed0``): only those runs
+    are trained; the runs an earlier slice left in ``out`` stay, and every analysis group is
+    computed over the group's runs present (a result computed over other runs is recomputed).
+    ``time_limit_s`` gives each run trained now a wall-clock budget (``train.time_limit_s``):
+    a run that reaches it ends there, and the report says so. At a scale that keeps final
+    weights only (``paper``), each run is reduced to its final weights once analyzed.
+    ``overrides`` (``--set``) change every run's config (trials: a dry run at a tiny size).
     """
     if only not in STUDIES:
         raise ConfigError(f"unknown --only {only!r}; choose from: {', '.join(STUDIES)}")
@@ -227,11 +273,17 @@ def reproduce(
         raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")
     if state and state.get("study", "claims") != study.name:
         raise ConfigError(f"{str(out)!r} holds a reproduction of --only {state.get('study', 'claims')}, not {study.name}: use another --out")
-    jobs = plan_runs(scale, out, study.presets)
-    groups = plan_analyses(jobs, study.groups)
-    runs = tuple(_manifest_run(job, out) for job in jobs)  # every config valid before anything starts
+    planned = [dataclasses.replace(job, overrides=(*job.overrides, *overrides)) for job in plan_runs(scale, out, study.presets)]
+    jobs = _slice(planned, only_runs, time_limit_s)
+    present = [job for job in planned if job.name in {j.name for j in jobs} or (job.run_dir / CONFIG_FILE).is_file()]
+    groups = plan_analyses(present, study.groups)
+    runs = tuple(_manifest_run(job, out) for job in present)  # every config valid before anything starts
+    planned_names = tuple(job.name for job in planned)
     out.mkdir(parents=True, exist_ok=True)
     command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {out}"
+    if only_runs:
+        command += f" --only-runs {' '.join(only_runs)}"
+    command += "".join(f" --set {override}" for override in overrides)
     spent = float(state.get("wall_s", 0.0))
     started = time.monotonic()
 
@@ -240,16 +292,20 @@ def reproduce(
 
     def checkpoint_state(stage: str, wall: float | None = None) -> None:
         """Rewrite the manifest at ``stage``, with the wall time spent (``wall``, else until now)."""
-        manifest = Manifest(scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name)
+        manifest = Manifest(
+            scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name, planned_names
+        )
         atomic_write_text(out / STATE_FILE, manifest.to_json())
 
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
     with _training_engine(engine, address, jobs) as ray_engine:
         checkpoint_state("train")
-        if scale.warmup_steps:  # the projection from a measurement on this device, before anything trains
+        if scale.warmup_steps and not time_limit_s:  # the projection from a measurement on this device, before anything trains
             threads = threads_per_run(lanes, nproc_per_run)
             measure = None if ray_engine is None else ray_engine.measurer(lanes, nproc_per_run, measure_steps_per_s)
             jobs = project_from_warmup(jobs, scale.warmup_steps, threads, say, measure)
+        if time_limit_s:
+            jobs = [dataclasses.replace(job, expected_s=min(job.expected_s or time_limit_s, time_limit_s)) for job in jobs]
         remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
         say(
             f"[reproduce] scale {scale.name}, {study.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
@@ -276,16 +332,22 @@ def reproduce(
     for group, run_dirs in groups:
         t0 = time.monotonic()
         only = group.only or per_configuration
-        written = analyze_runs(load_runs(run_dirs), out / "analysis" / group.name, only=only, skip_existing=True, applicable=True)
+        trained = load_runs(run_dirs)
+        _drop_stale(out / "analysis" / group.name, trained, only)
+        written = analyze_runs(trained, out / "analysis" / group.name, only=only, skip_existing=True, applicable=True)
         at_init = tuple(name for name in only if name not in HISTORY_ANALYSES)
-        written_init = analyze_runs(
-            load_runs(run_dirs, step=0), out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True
-        )
+        initial = load_runs(run_dirs, step=0)
+        _drop_stale(out / INIT_DIR / group.name, initial, at_init)
+        written_init = analyze_runs(initial, out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True)
         say(
             f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'}; at initialization "
             f"{len(written_init)} ({time.monotonic() - t0:.0f} s)"
         )
         checkpoint_state("analyze")
+
+    if scale.keep_final_weights_only:
+        for job in present:
+            keep_final_weights(job.run_dir)
 
     say("[reproduce] stage 3/3: report")
     reported = wall_s()

@@ -119,7 +119,14 @@ class TrainConfig:
         snapshots_per_decade: permanent weight snapshots per factor of 10 in steps (log-spaced,
             for the training-dynamics analyses), plus step 0 and the last step.
         device: ``auto`` (CUDA if present), ``cpu`` or ``cuda``.
-        bf16: bfloat16 autocast on CUDA (ignored on CPU).
+        bf16: bfloat16 autocast of the forward pass (matrix products in bfloat16, the weights,
+            the optimizer's state and the loss in float32), on CUDA and on a CPU alike.
+        time_limit_s: a wall-clock budget for one start of the run, in seconds (0: none). At
+            the first log boundary past it the run ends there as if that were its last step:
+            final evaluation, final snapshot and checkpoint, and a ``metrics.jsonl`` record
+            ``"stopped": "time_limit"``, so a run cut short says so (``history.stop_record``).
+            It is a stopping rule, not part of the protocol: a run resumed with another limit
+            is the same run.
         fused_adamw: AdamW's fused kernel (one kernel for every parameter) instead of its
             ``foreach`` implementation; None (default): fused on CUDA, foreach elsewhere, so a
             CPU run's trajectory is unchanged. The same update up to float rounding.
@@ -166,6 +173,7 @@ class TrainConfig:
     snapshots_per_decade: int = 4
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
+    time_limit_s: float = 0.0
     fused_adamw: bool | None = None
     data_on_device: bool | None = None
     compile: bool = False
@@ -183,7 +191,7 @@ class TrainConfig:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 1")
-        for name in ("warmup_steps", "eval_every", "checkpoint_every", "weight_decay", "grad_clip", "min_lr", "snapshots_per_decade"):
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "weight_decay", "grad_clip", "min_lr", "snapshots_per_decade", "time_limit_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} is out of range: need >= 0")
         if self.log_every < 1:

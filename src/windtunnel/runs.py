@@ -8,6 +8,7 @@ A run directory is what ``windtunnel train`` writes (see
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,22 @@ from torch import nn
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
 from windtunnel.files import atomic_write_text, has_content
-from windtunnel.history import METRICS_FILE
+from windtunnel.history import METRICS_FILE, end_step, read_metrics
 from windtunnel.models import build_model
 from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.checkpoint import (
+    MAX_SHARD_BYTES,
+    RESUME_FILE,
+    SNAPSHOT_DIR,
     CheckpointError,
     list_snapshots,
+    load_final_weights,
     load_resume,
     load_snapshot,
+    read_final_weights_step,
     read_resume_step,
+    save_final_weights,
 )
 from windtunnel.tunnels import TUNNELS
 from windtunnel.tunnels.capabilities import Relabeling, declares
@@ -39,10 +46,12 @@ __all__ = [
     "build_run_model",
     "evaluate_run",
     "format_table",
+    "keep_final_weights",
     "load_run_model",
     "prepare_new_run",
     "prepare_resume",
     "read_run_config",
+    "run_end_step",
 ]
 
 CONFIG_FILE = "config.json"
@@ -121,25 +130,56 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
     return changes
 
 
+def run_end_step(run_dir: Path, config: RunConfig) -> int:
+    """The step the run in ``run_dir`` ends at: its configured steps, or the step its time
+    limit stopped it at (``train.time_limit_s``; ``history.end_step``)."""
+    return end_step(read_metrics(run_dir), config.train.steps)
+
+
 def load_run_model(run_dir: Path, *, step: int | None = None) -> tuple[RunConfig, nn.Module, int]:
     """The run's config and model with trained weights: snapshot ``step``, else the final
-    snapshot, else the latest resume state. Returns ``(config, model, step)``."""
+    weights (the snapshot at the step the run ends at, or those a results folder keeps in
+    ``weights/``), else the latest resume state. Returns ``(config, model, step)``.
+
+    ``step=0`` of a run that kept no step-0 snapshot (a results folder's) is the model rebuilt
+    from its config's seed: the trainer builds the initial weights the same way, on the CPU."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     model = build_run_model(config)
     snapshots = list_snapshots(run_dir)
     if step is not None:
+        if step == 0 and 0 not in snapshots:
+            return config, model, 0
         if step not in snapshots:
             raise CheckpointError(f"--step {step} is not a snapshot of {str(run_dir)!r}; snapshots: {snapshots}")
         load_snapshot(run_dir, model, step)
         return config, model, step
-    if snapshots and snapshots[-1] == config.train.steps:
+    if snapshots and snapshots[-1] == run_end_step(run_dir, config):
         load_snapshot(run_dir, model, snapshots[-1])
         return config, model, snapshots[-1]
+    if read_final_weights_step(run_dir) is not None:
+        return config, model, load_final_weights(run_dir, model)
     if read_resume_step(run_dir) is None:
         raise CheckpointError(f"{str(run_dir)!r} holds no trained weights yet")
     trained, _ = load_resume(run_dir, model)
     return config, model, trained
+
+
+def keep_final_weights(run_dir: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> int:
+    """Reduce a finished (or time-limited) run to what a results folder keeps: its final
+    weights in float32 shards of at most ``max_shard_bytes`` (``weights/``), without the
+    training state (``resume.safetensors``) or the snapshots, which a GPU machine's run
+    leaves behind. Config, history, evaluation and logs stay. Returns the weights' step."""
+    run_dir = Path(run_dir)
+    config, model, step = load_run_model(run_dir)
+    if step != run_end_step(run_dir, config):
+        raise CheckpointError(f"{str(run_dir)!r} is unfinished (weights of step {step}, ends at {run_end_step(run_dir, config)}): "
+                              "finish it before keeping it")
+    if read_final_weights_step(run_dir) != step:
+        save_final_weights(run_dir, model, step, max_shard_bytes)
+    (run_dir / RESUME_FILE).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / SNAPSHOT_DIR, ignore_errors=True)
+    return step
 
 
 def evaluate_run(

@@ -112,6 +112,9 @@ class Scale:
         warmup_steps: steps of each run's training step timed on the device found before
             training starts, to state the projected time per run from a measurement rather
             than from ``expected_s`` (0: no warm-up; ``expected_s`` is the guess).
+        keep_final_weights_only: once analyzed, each run keeps its final weights (float32
+            shards, ``runs.keep_final_weights``) instead of its training state and snapshots,
+            so that its folder can be a results folder kept in a repository.
     """
 
     name: str
@@ -123,6 +126,7 @@ class Scale:
     hardware: str
     cuts: tuple[str, ...] = field(default=())
     warmup_steps: int = 0
+    keep_final_weights_only: bool = False
 
     def overrides_for(self, preset: str) -> tuple[str, ...]:
         return (*self.overrides.get("*", ()), *self.overrides.get(preset, ()))
@@ -221,6 +225,7 @@ SCALES: dict[str, Scale] = {
         expected_s={"bijection": 8 * 3600.0, "hmm": 8 * 3600.0},
         hardware="one GPU (the paper: ~8 h per run on an RTX 4090; 16 runs); on 2 CPU cores ~19 h per bijection run, ~4 days per HMM run",
         warmup_steps=6,
+        keep_final_weights_only=True,
         cuts=(
             "Nothing is cut. Beside the paper's protocol on our task variants (bijection without replacement; HMM "
             "rows without a floor), the bijection MLP control and every HMM preset also train on the authors' "
@@ -248,11 +253,12 @@ class AnalysisGroup:
 
 #: What is analyzed together: seeds of one model (averaged; named after the preset), and
 #: models of one task variant (compared; named after the variant). A comparison group of which
-#: a scale trains one model only gets that model's per-position analysis instead of Table 1.
+#: a scale (or the slices run so far) trains one model only gets that model's per-position
+#: analysis (``length_generalization``, which applies to one configuration) instead of Table 1.
 GROUPS = (
     AnalysisGroup("bijection_transformer", ("bijection_transformer",)),
     AnalysisGroup("bijection_replacement_transformer", ("bijection_replacement_transformer",), ("calibration",)),
-    AnalysisGroup("bijection", ("bijection_transformer", "bijection_mlp"), ("model_comparison", "seeds")),
+    AnalysisGroup("bijection", ("bijection_transformer", "bijection_mlp"), ("model_comparison", "seeds", "length_generalization")),
     AnalysisGroup(
         "bijection_with_replacement",
         ("bijection_replacement_transformer", "bijection_replacement_mlp"),
@@ -260,7 +266,9 @@ GROUPS = (
     ),
     AnalysisGroup("hmm_transformer", ("hmm_transformer",)),
     AnalysisGroup("hmm_mlp", ("hmm_mlp",), ("calibration", "value_manifold", "linear_probes")),
-    AnalysisGroup("hmm", ("hmm_transformer", "hmm_mlp", "hmm_late_attention_off"), ("model_comparison", "late_attention", "seeds")),
+    AnalysisGroup(
+        "hmm", ("hmm_transformer", "hmm_mlp", "hmm_late_attention_off"), ("model_comparison", "late_attention", "seeds", "length_generalization")
+    ),
     AnalysisGroup("hmm_transformer_floor", ("hmm_transformer_floor",), ("layer_ablation", "length_generalization", "relabeling")),
     AnalysisGroup(
         "hmm_floor",

@@ -237,7 +237,16 @@ def training_dynamics(
     return result
 
 
-@register("training_dynamics")
+def _has_history(runs: Sequence[Run]) -> str | None:
+    """Why the runs have no training history to read (fewer than two snapshots: a run a
+    results folder keeps holds its final weights alone), or None."""
+    steps = list_snapshots(runs[0].directory)
+    if len(steps) < 2:
+        return f"it reads a run's snapshots, and {runs[0].directory.name} keeps {len(steps)} (a kept run holds its final weights alone)"
+    return None
+
+
+@register("training_dynamics", requires=_has_history)
 def training_dynamics_of_runs(runs: Sequence[Run]) -> dict[str, Any]:
     """Fig 16-17: attention settles early (JSD to final) while PC1 geometry and mae_bits keep improving."""
     # One run's history is the measurement; seeds would need their snapshot steps aligned.

@@ -22,8 +22,10 @@ from windtunnel.history import (
     MetricsError,
     plateau_exit_step,
     read_metrics,
+    stop_record,
     training_seconds,
 )
+from windtunnel.provenance import read_provenance
 from windtunnel.report.claim_types import Verdict, median_of
 from windtunnel.report.claims import evaluate_claims, tally, variant_name
 from windtunnel.report.folder import (
@@ -35,10 +37,10 @@ from windtunnel.report.folder import (
     SavedRun,
     load_results,
 )
-from windtunnel.report.html import Figure, Report, Section, Table, verdict, write_report
+from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.primitives import primitive_sections
 
-__all__ = ["FIGURE_PLAN", "build_report", "claims_table"]
+__all__ = ["FIGURE_PLAN", "build_report", "claims_table", "stopped_early"]
 
 #: The paper's figures in order: (section title, text, [(group, analysis, caption)]).
 FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
@@ -99,34 +101,63 @@ FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
 TABLE1_GROUPS = ("bijection", "bijection_with_replacement", "hmm", "hmm_floor")
 
 
-def _verdict_cell(judged: Verdict) -> str:
-    """``"yes"``, ``"no"`` or ``"n/a"``, with the seeds' split where each was judged alone."""
+def _verdict_cell(judged: Verdict, pending: bool = False) -> str:
+    """``"yes"``, ``"no"`` or ``"n/a"``, with the seeds' split where each was judged alone;
+    ``pending``: the folder still lacks planned runs, so a claim with no result yet is "not yet run"."""
+    if judged.holds is None and pending:
+        return NOT_YET_RUN
     return verdict(judged.holds) + (f"; {judged.seed_split}" if judged.seed_split else "")
 
 
-def claims_table(results: dict[str, dict[str, dict[str, Any]]], at_init: dict[str, dict[str, dict[str, Any]]], scale: str) -> Table:
+#: Another reproduction's claim results shown beside this one's: its scale and its results.
+Beside = tuple[str, dict[str, dict[str, dict[str, Any]]]]
+
+
+def claims_table(
+    results: dict[str, dict[str, dict[str, Any]]],
+    at_init: dict[str, dict[str, dict[str, Any]]],
+    scale: str,
+    *,
+    pending: bool = False,
+    beside: Beside | None = None,
+) -> Table:
     """The claim table: the verdict, the paper's number and how it fares under our criterion,
-    ours, our stricter measure, what the runs' initial weights score, the criterion."""
+    ours, our stricter measure, what the runs' initial weights score, the criterion.
+
+    ``pending``: the folder is filled slice by slice and still lacks runs (a claim without a
+    result reads "not yet run"). ``beside``: another scale's verdicts in a column of their own."""
     rows = []
-    for ours, init in zip(evaluate_claims(results), evaluate_claims(at_init)):
+    other = evaluate_claims(beside[1]) if beside else None
+    for index, (ours, init) in enumerate(zip(evaluate_claims(results), evaluate_claims(at_init))):
         claim = ours.claim
         paper = claim.paper.number
         if claim.paper.authors_fail:
             paper += f". The authors' own result fails it: {claim.paper.authors_fail}"
-        random_init = "n/a" if init.measured is None else f"{init.ours} ({_verdict_cell(init)})"
-        holds = _verdict_cell(ours)
+        # At initialization a claim is not yet run only where the trained claim is too (a
+        # training-history claim has no initial counterpart: n/a).
+        waiting = pending and ours.measured is None
+        random_init = (NOT_YET_RUN if waiting else "n/a") if init.measured is None else f"{init.ours} ({_verdict_cell(init)})"
+        holds = _verdict_cell(ours, pending)
         # The verdict sits beside the claim: the table is wider than a page and scrolls sideways.
-        rows.append([claim.claim, holds, paper, verdict(claim.paper_holds()), ours.ours,
+        row = [claim.claim, holds]
+        if other is not None:
+            row.append(_verdict_cell(other[index]))
+        rows.append([*row, paper, verdict(claim.paper_holds()), ours.ours if ours.measured or not pending else NOT_YET_RUN,
                      ours.stricter or None, random_init, claim.criterion])
+    columns = ["claim", "holds?"]
+    if beside:
+        columns.append(f"holds at {beside[0]} scale?")
     return Table(
-        ["claim", "holds?", "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
+        [*columns, "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
          "ours, stricter or other measures", "random init (holds?)", "criterion"],
         rows,
         caption=f"Claims of the paper (SPEC §7) against this reproduction, each on the paper's metric and, where this "
         f"scale trains it, its task variant; our numbers are {scale}-scale. 'paper passes?' applies the criterion to "
         "the paper's own published number; 'random init' applies it to the same analyses of every run's initial "
         "weights, which must not pass. Claims over seeds are decided on the median; where the claim's number is one "
-        "per run, 'k of n seeds hold' applies the same criterion to each seed's run alone.",
+        "per run, 'k of n seeds hold' applies the same criterion to each seed's run alone."
+        + (f" 'holds at {beside[0]} scale?' is the verdict of the {beside[0]}-scale reproduction given beside this one." if beside else "")
+        + (f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet." if pending else ""),
     )
 
 
@@ -197,9 +228,37 @@ def _plateau_cell(config: Any, records: list[dict[str, Any]]) -> tuple[str, bool
     return f"no: mae_bits ≥ {HMM_PLATEAU_EXIT_MAE_BITS} at every evaluation to step {evaluated[-1]:,}", True
 
 
-def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True) -> Section:
+def _steps_cell(configured: int, records: list[dict[str, Any]]) -> Any:
+    """The run's steps: the configured number, or ``"21,830 of 100,000 (time limit)"`` for a
+    run its time limit stopped early."""
+    stopped = stop_record(records)
+    return configured if stopped is None else f"{stopped['step']:,} of {configured:,} (time limit)"
+
+
+def _trained_on_cell(run_dir: Path) -> str | None:
+    """Where the run trained, in what precision and how fast (its ``provenance.json``), or None."""
+    starts = read_provenance(run_dir)
+    if not starts:
+        return None
+    last = starts[-1]
+    rate = f", {last['steps_per_s_median']:.1f} steps/s" if last.get("steps_per_s_median") else ""
+    return f"{last.get('device_name', '?')}, {last.get('precision', '?')}{rate}, torch {last.get('torch', '?')}"
+
+
+def stopped_early(runs: Sequence[RunRecord]) -> list[str]:
+    """``"name (21,830 of 100,000 steps)"`` for each run that its time limit stopped early."""
+    found = []
+    for run in runs:
+        stopped = stop_record(read_metrics(run.run_dir))
+        if stopped is not None:
+            found.append(f"{run.name} ({stopped['step']:,} of {run.resolved().train.steps:,} steps)")
+    return found
+
+
+def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True, not_yet_run: Sequence[str] = ()) -> Section:
     """The runs table; ``plateau``: with the column saying whether each HMM transformer run
-    left the plateau of the CPU HMM preset (the claims study's)."""
+    left the plateau of the CPU HMM preset (the claims study's); ``not_yet_run``: planned runs
+    the folder does not hold yet, listed as such."""
     rows: list[list[Any]] = []
     stuck: list[str] = []
     for run in runs:
@@ -207,15 +266,19 @@ def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True) -> Section
         records = read_metrics(run.run_dir)
         wall = round(training_seconds(records) / 60, 1) if records else None
         evals = [r["eval_mae_bits"] for r in records if "eval_mae_bits" in r]
-        row = [run.name, config.model_kind, config.train.steps, config.train.batch_size, wall, evals[-1] if evals else None]
+        row = [run.name, config.model_kind, _steps_cell(config.train.steps, records), config.train.batch_size, wall,
+               evals[-1] if evals else None, _trained_on_cell(run.run_dir)]
         if plateau:
             cell, never_left = _plateau_cell(config, records)
             row.append(cell)
             if never_left:
                 stuck.append(run.name)
         rows.append(row)
-    columns = ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits"]
-    caption = "Every training run (train minutes: the run's own clock, summed over its starts where it was resumed)."
+    for name in not_yet_run:
+        rows.append([name, NOT_YET_RUN, *([None] * (6 if plateau else 5))])
+    columns = ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits", "trained on"]
+    caption = ("Every training run (train minutes: the run's own clock, summed over its starts where it was resumed; "
+               "trained on: the device, the precision and the median steps/s of its last start).")
     if not plateau:
         return Section("Runs", "", tables=[Table(columns, rows, caption=caption)])
     text = (
@@ -229,9 +292,11 @@ def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True) -> Section
     return Section("Runs", text, tables=[Table([*columns, "left the HMM plateau"], rows, caption=caption)])
 
 
-def build_report(out: Path) -> Path:
+def build_report(out: Path, beside: Path | None = None) -> Path:
     """Write ``out/report/index.html`` and ``report.md`` from what the reproduction in folder
-    ``out`` saved (see the module docstring); returns the HTML path.
+    ``out`` saved (see the module docstring); returns the HTML path. ``beside``: the folder of
+    a reproduction of the claims at another scale, whose verdicts the claim table shows in a
+    column of their own (the paper scale's beside the CPU scale's).
 
     Raises:
         ReportError: ``out`` is not a reproduction whose analyses are done, or a file it
@@ -239,6 +304,12 @@ def build_report(out: Path) -> Path:
     """
     out = Path(out)
     manifest = Manifest.read(out)
+    other: Beside | None = None
+    if beside is not None:
+        other_manifest = Manifest.read(Path(beside))
+        if other_manifest.study != "claims" or manifest.study != "claims":
+            raise ReportError(f"--beside {str(beside)!r}: verdicts are shown side by side for reproductions of the claims only")
+        other = (other_manifest.scale, load_results(Path(beside)))
     if manifest.stage not in REPORTABLE_STAGES:
         raise ReportError(
             f"{str(out)!r} is an unfinished reproduction (stopped at stage {manifest.stage!r}): finish it with "
@@ -255,7 +326,7 @@ def build_report(out: Path) -> Path:
             "Each verdict applies the stated criterion to our numbers, beside the paper's verdict."
         )
     else:
-        sections = _claims_sections(out, results, manifest.scale)
+        sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other)
         title = "Bayesian wind tunnels: reproduction report"
         summary = (
             f"A reproduction of 'The Bayesian Geometry of Transformer Attention' (arXiv 2512.22471) at {manifest.scale} "
@@ -263,8 +334,11 @@ def build_report(out: Path) -> Path:
             f"{manifest.scale}-scale and are compared with the paper's in the claim table; 'holds?' applies the stated "
             "criterion."
         )
+        if manifest.not_yet_run:
+            summary += (f" The folder is filled one slice of runs at a time: {len(manifest.not_yet_run)} of the "
+                        f"{len(manifest.planned)} planned runs are not yet run, and the claims that read them say so.")
     try:
-        sections.append(_runs_section(runs, plateau=manifest.study == "claims"))
+        sections.append(_runs_section(runs, plateau=manifest.study == "claims", not_yet_run=manifest.not_yet_run))
     except MetricsError as error:  # a damaged history (it names the file and line)
         raise ReportError(str(error)) from None
     scale = manifest.scale
@@ -282,12 +356,24 @@ def build_report(out: Path) -> Path:
     return html_path
 
 
-def _claims_sections(out: Path, results: dict[str, dict[str, dict[str, Any]]], scale: str) -> list[Section]:
+def _claims_sections(
+    out: Path,
+    results: dict[str, dict[str, dict[str, Any]]],
+    scale: str,
+    runs: Sequence[RunRecord],
+    *,
+    pending: bool = False,
+    beside: Beside | None = None,
+) -> list[Section]:
     """The claims study's sections: the claim table, Table 1 and the paper's figures."""
     at_init = load_results(out, INIT_DIR)
-    sections = [Section("Claims", "Each claim of the paper, the number it reports, ours, and the criterion that decides "
-                        f"whether it holds here. {tally(evaluate_claims(results))}.",
-                        tables=[claims_table(results, at_init, scale)])]
+    text = ("Each claim of the paper, the number it reports, ours, and the criterion that decides whether it holds here. "
+            f"{tally(evaluate_claims(results), pending=pending)}.")
+    short = stopped_early(runs)
+    if short:
+        text += (f" Runs stopped by their time limit before the protocol's steps: {'; '.join(short)}. Every number read "
+                 "from them is of a shorter run than the paper's protocol.")
+    sections = [Section("Claims", text, tables=[claims_table(results, at_init, scale, pending=pending, beside=beside)])]
     sections.append(
         Section(
             "The paper's Table 1: error by model and horizon",

@@ -92,14 +92,15 @@ def evaluate_claims(results: Results, claims: Sequence[Claim] | None = None) -> 
     return verdicts
 
 
-def tally(verdicts: Sequence[Verdict]) -> str:
+def tally(verdicts: Sequence[Verdict], *, pending: bool = False) -> str:
     """How many claims hold, in words, and which verdicts the seeds judged alone split:
-    ``"9 of 16 claims hold; on the median only, with a seed that fails alone: HMM K=50 ..."``."""
+    ``"9 of 16 claims hold; on the median only, with a seed that fails alone: HMM K=50 ..."``.
+    ``pending``: the claims without a result are waiting for their runs ("not yet run")."""
     judged = [v for v in verdicts if v.holds is not None]
     held = [v for v in judged if v.holds]
     text = f"{len(held)} of {len(judged)} claims hold"
     if len(judged) < len(verdicts):
-        text += f" ({len(verdicts) - len(judged)} not evaluated)"
+        text += f" ({len(verdicts) - len(judged)} {'not yet run' if pending else 'not evaluated'})"
     median_only = [v.claim.claim for v in held if v.seeds and not all(v.seeds)]
     one_seed_holds = [v.claim.claim for v in judged if not v.holds and any(v.seeds)]
     if median_only:

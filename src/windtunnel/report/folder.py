@@ -103,6 +103,9 @@ class Manifest:
         runs: its training runs, in plan order.
         study: what it reproduces (``studies.STUDIES``): ``claims``, the paper's claims, or
             ``architectures``, the primitives table (a manifest without one is of the claims).
+        planned: every run of the scale's plan by name, in plan order; ``runs`` are those in
+            the folder. A folder that slices fill (``reproduce --only-runs``) lists the rest
+            here, and the report says they are not yet run (empty: every planned run is there).
     """
 
     scale: str
@@ -113,6 +116,13 @@ class Manifest:
     cuts: tuple[str, ...]
     runs: tuple[ManifestRun, ...]
     study: str = "claims"
+    planned: tuple[str, ...] = ()
+
+    @property
+    def not_yet_run(self) -> tuple[str, ...]:
+        """The planned runs not in the folder, in plan order."""
+        present = {run.name for run in self.runs}
+        return tuple(name for name in self.planned if name not in present)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -141,10 +151,14 @@ class Manifest:
         if not all(isinstance(cut, str) for cut in cuts):
             raise ReportError(f"{str(path)!r} has no valid 'cuts' (damaged, or written by an older windtunnel)")
         study = data.get("study", "claims") if isinstance(data, dict) else None
+        planned = data.get("planned", []) if isinstance(data, dict) else None
+        if not isinstance(planned, list) or not all(isinstance(name, str) for name in planned):
+            raise ReportError(f"{str(path)!r} has no valid 'planned' (damaged, or written by a newer windtunnel)")
         if study not in STUDY_NAMES:
             raise ReportError(f"{str(path)!r} has no valid 'study' (one of {', '.join(STUDY_NAMES)}; damaged, or written by a newer windtunnel)")
         return cls(
             study=study,
+            planned=tuple(planned),
             scale=_field(data, "scale", str, path),
             stage=_field(data, "stage", str, path),
             wall_s=float(_field(data, "wall_s", (int, float), path)),

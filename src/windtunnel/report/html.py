@@ -51,6 +51,7 @@ from pathlib import Path
 from windtunnel.files import atomic_write_bytes, atomic_write_text
 
 __all__ = [
+    "NOT_YET_RUN",
     "Cell",
     "Figure",
     "MissingFigureWarning",
@@ -72,7 +73,12 @@ MARKDOWN_FILE = "report.md"
 FIGURES_DIR = "figures"
 EMPTY_CELL = "\u2014"  # em dash
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_VERDICT_CLASS = {"yes": "yes", "no": "no", "n/a": "na"}
+#: The verdict of a claim whose runs a results folder filled slice by slice does not hold yet:
+#: never "no" (nothing has been judged).
+NOT_YET_RUN = "not yet run"
+
+
+_VERDICT_CLASS = {"yes": "yes", "no": "no", "n/a": "na", NOT_YET_RUN: "na"}
 #: A verdict with its seeds' split (``Verdict.seed_split``): ``"yes; 2 of 3 seeds hold"``.
 _SEED_SPLIT = re.compile(r"^(yes|no); (\d+) of (\d+) seeds holds?$")
 

@@ -8,6 +8,10 @@ A run directory holds::
                                       step and metadata in the header (replaced atomically)
     checkpoints/step_0001000.safetensors + step_0001000.json
                                       permanent weight snapshots (log-spaced + final)
+    weights/model-00001-of-00002.safetensors ... + model.safetensors.index.json
+                                      a kept run's final weights alone, float32, in shards of
+                                      a bounded size (``save_final_weights``): what a results
+                                      folder keeps of a run instead of the two above
 
 Everything is safetensors or JSON: nothing is ever unpickled. Every file is written to a
 temporary name, flushed to disk and renamed over its target, so a crash at any moment
@@ -35,7 +39,12 @@ from windtunnel.models import unwrap_model
 
 __all__ = [
     "CheckpointError",
+    "MAX_SHARD_BYTES",
     "RESUME_FILE",
+    "WEIGHTS_DIR",
+    "load_final_weights",
+    "read_final_weights_step",
+    "save_final_weights",
     "list_snapshots",
     "load_resume",
     "load_snapshot",
@@ -234,3 +243,75 @@ def load_snapshot(run_dir: Path, model: nn.Module, step: int) -> dict[str, Any]:
         return json.loads(path.with_suffix(".json").read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"snapshot metadata {str(path.with_suffix('.json'))!r} is unreadable: {error}") from None
+
+
+# --- final weights, sharded -----------------------------------------------------------
+
+WEIGHTS_DIR = "weights"
+#: The sharded-safetensors index that Hugging Face's tools read (``weight_map``: tensor -> file).
+WEIGHTS_INDEX = "model.safetensors.index.json"
+_WEIGHTS_FORMAT = "windtunnel-weights-1"
+#: Shards of at most 15 MiB: a GPU machine's results come back as files of at most 16 MiB.
+MAX_SHARD_BYTES = 15 * 2**20
+
+
+def save_final_weights(run_dir: Path, model: nn.Module, step: int, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[Path]:
+    """Keep the model's weights after ``step`` steps in ``run_dir/weights/``: float32, no
+    optimizer state, as safetensors shards of at most ``max_shard_bytes`` each (a single tensor
+    larger than that gets a shard of its own), each with its checksum, and the index, written
+    last (it makes them count). Returns the shard paths."""
+    from huggingface_hub import split_torch_state_dict_into_shards  # the sharded-safetensors layout, as HF writes it
+
+    weights = {k: (v.float() if v.is_floating_point() else v) for k, v in _cpu_weights(model).items()}
+    split = split_torch_state_dict_into_shards(weights, max_shard_size=max_shard_bytes, filename_pattern="model{suffix}.safetensors")
+    folder = Path(run_dir) / WEIGHTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for filename, names in split.filename_to_tensors.items():
+        path = folder / filename
+        atomic_write_bytes(path, _save({name: weights[name] for name in names}, {"format": _WEIGHTS_FORMAT, "step": str(step)}))
+        paths.append(path)
+    index = {
+        "metadata": {"format": _WEIGHTS_FORMAT, "step": step, "total_size": sum(t.numel() * t.element_size() for t in weights.values())},
+        "weight_map": dict(sorted(split.tensor_to_filename.items())),
+    }
+    atomic_write_text(folder / WEIGHTS_INDEX, json.dumps(index, indent=1))
+    return paths
+
+
+def _weights_index(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    path = Path(run_dir) / WEIGHTS_DIR / WEIGHTS_INDEX
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text())
+        step = index["metadata"]["step"]
+        weight_map = index["weight_map"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"weights index {str(path)!r} is unreadable ({type(error).__name__}: {error})") from None
+    if not isinstance(step, int) or not isinstance(weight_map, dict):
+        raise CheckpointError(f"weights index {str(path)!r} has no valid step or weight_map")
+    return path, index
+
+
+def read_final_weights_step(run_dir: Path) -> int | None:
+    """The step of the final weights kept in ``run_dir/weights/``, or None when there are none."""
+    found = _weights_index(run_dir)
+    return None if found is None else found[1]["metadata"]["step"]
+
+
+def load_final_weights(run_dir: Path, model: nn.Module) -> int:
+    """Load the final weights kept in ``run_dir/weights/`` into ``model`` (every shard's
+    checksum verified); returns their step."""
+    found = _weights_index(run_dir)
+    if found is None:
+        raise CheckpointError(f"{str(run_dir)!r} keeps no final weights ({WEIGHTS_DIR}/{WEIGHTS_INDEX})")
+    path, index = found
+    weights: dict[str, torch.Tensor] = {}
+    for filename in sorted(set(index["weight_map"].values())):
+        tensors, _ = _open(path.parent / filename)
+        weights.update(tensors)
+    if set(weights) != set(index["weight_map"]):
+        raise CheckpointError(f"the shards in {str(path.parent)!r} do not hold the tensors their index lists")
+    _load_weights(path, unwrap_model(model), weights)
+    return index["metadata"]["step"]

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import signal
 import sys
 import threading
@@ -39,6 +40,7 @@ from windtunnel.history import MetricsError, parse_metrics
 from windtunnel.memory import check_fits
 from windtunnel.models import count_params
 from windtunnel.progress import TrainingProgress
+from windtunnel.provenance import append_start, commit, cpu_model, device_name
 from windtunnel.run_config import RunConfig, TrainConfig
 from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
 from windtunnel.training.checkpoint import (
@@ -218,6 +220,18 @@ def _train_on_device(
         dist.close()
 
 
+def _provenance(t: TrainConfig, device: torch.device, start: int, end: int, wall_s: float, rates: list[float], *, stopped: bool) -> dict[str, Any]:
+    """What this start of the run ran on and how fast (``windtunnel.provenance``)."""
+    timed = sorted(rates[1:] or rates)  # the first interval holds compilation and warm-up
+    return {
+        "device": device.type, "device_name": device_name(device), "cpu": cpu_model(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "python": platform.python_version(), "windtunnel": __version__, "commit": commit(),
+        "precision": "bf16 autocast, float32 weights" if t.bf16 else "float32", "compile": t.compile,
+        "start_step": start, "end_step": end, "configured_steps": t.steps, "stopped": "time_limit" if stopped else None,
+        "wall_s": round(wall_s, 1), "steps_per_s_median": round(timed[len(timed) // 2], 3) if timed else None,
+    }
+
+
 def _step_bytes(config: RunConfig, batch: int) -> int:
     """A lower bound on a training step's memory: its batch of data, and the float32
     activations kept for the backward pass (a few per layer and position, attention
@@ -279,7 +293,9 @@ def _train(
     if t.compile:
         # Static shapes: every training batch has the same shape, so one graph serves the run.
         forward = torch.compile(forward, dynamic=False)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=t.bf16 and device.type == "cuda")
+    # bf16 autocast on either device: a CPU run of a bf16 preset computes what a CUDA one does
+    # (tests/test_training.py holds it to the float32 run).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16)
     data_device = data_device_for(t, device)
 
     snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
@@ -307,6 +323,7 @@ def _train(
     last_mae: float | None = None
     started = time.perf_counter()
     interval_start, interval_steps = time.perf_counter(), 0
+    rates: list[float] = []  # steps/s of each logged interval of this start (the first holds compilation)
     # The step reads nothing back from the device: whether a loss was not finite is kept there
     # (the first such step, 0 for none) and read at the next boundary (a log, an evaluation, a
     # checkpoint, a snapshot, the end), before anything is written, so a diverged model is never
@@ -315,13 +332,17 @@ def _train(
     first_bad_loss = torch.zeros((), device=device)
     step = start
 
-    def read_back(step: int, loss_value: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """At a boundary: the loss (the mean over ranks), and whether to stop; raises on a
-        non-finite loss since the last boundary. The one place the loop waits for the device."""
-        # One collective carries the loss, any pending Ctrl-C and any divergence, so every
-        # rank agrees on the step at which to stop.
-        flags = torch.stack([loss_value, torch.tensor(float(interrupt.requested), device=device), (first_bad_step > 0).float()])
-        mean_loss, stop, diverged = dist.mean(flags).tolist()
+    def read_back(step: int, loss_value: torch.Tensor, over_time: bool) -> tuple[torch.Tensor, bool, bool]:
+        """At a boundary: the loss (the mean over ranks), whether to stop, and whether the
+        time limit is reached; raises on a non-finite loss since the last boundary. The one
+        place the loop waits for the device."""
+        # One collective carries the loss, any pending Ctrl-C, the time limit and any divergence,
+        # so every rank agrees on the step at which to stop.
+        flags = torch.stack([
+            loss_value, torch.tensor(float(interrupt.requested), device=device), (first_bad_step > 0).float(),
+            torch.tensor(float(over_time), device=device),
+        ])
+        mean_loss, stop, diverged, out_of_time = dist.mean(flags).tolist()
         if diverged > 0:
             # Under DDP another rank may have diverged first: this rank then names the boundary.
             bad, value = int(first_bad_step.item()), first_bad_loss.item()
@@ -331,7 +352,7 @@ def _train(
                 f"loss became {value if bad else mean_loss} at step {bad or step}; {kept} "
                 "(lower train.lr or keep train.grad_clip > 0)"
             )
-        return torch.tensor(mean_loss), stop > 0
+        return torch.tensor(mean_loss), stop > 0, out_of_time > 0
 
     bar = TrainingProgress(t.steps, start, progress and dist.is_main)
     finished = False
@@ -361,6 +382,8 @@ def _train(
 
             # Every rank reaches the same boundaries (the collective in read_back needs them all).
             logs = step % t.log_every == 0 or step == t.steps
+            # The time limit is looked at on log boundaries only (a host clock read, no sync).
+            over_time = bool(logs and t.time_limit_s and step < t.steps and time.perf_counter() - started >= t.time_limit_s)
             evaluates = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
             checkpoints = bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps
             # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
@@ -371,7 +394,10 @@ def _train(
                 if on_step is not None:
                     on_step(step)
                 continue
-            mean_loss, stop = read_back(step, loss_value)
+            mean_loss, stop, out_of_time = read_back(step, loss_value, over_time)
+            # Out of time: this step becomes the run's last, with everything a last step writes.
+            last = step == t.steps or out_of_time
+            evaluates, checkpoints = evaluates or out_of_time, checkpoints or out_of_time
             record: dict[str, Any] | None = None
             final_curves: dict[str, list[float]] | None = None
             if logs:
@@ -384,25 +410,30 @@ def _train(
                     "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
                     "elapsed_s": now - started,
                 }
+                rates.append(interval_steps / max(now - interval_start, 1e-9))
                 interval_start, interval_steps = now, 0
             if evaluates and dist.is_main:
                 scores = run_eval()
                 last_mae = scores["mae_bits"]
                 latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
                 record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **latest}
-                if step == t.steps:
+                if last:
                     final_curves = scores["curves"]
+            if out_of_time and record is not None:
+                record = {**record, "stopped": "time_limit", "time_limit_s": t.time_limit_s}
             if dist.is_main and record is not None:
                 _append_metrics(run_dir, record)  # the record first: the sinks follow it
                 tracking.log(record, curves=final_curves)
             if checkpoints:
                 tracking.flush()  # a checkpoint never runs ahead of what the sinks hold on disk
                 save_state(step, latest)
-            if dist.is_main and step in snapshots:
+            if dist.is_main and (step in snapshots or out_of_time):
                 save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-            bar.update(step, mean_loss, last_mae, force=step == t.steps)
+            bar.update(step, mean_loss, last_mae, force=last)
             if on_step is not None:
                 on_step(step)
+            if out_of_time:
+                break
             if stop and step < t.steps:
                 save_state(step, latest)
                 raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
@@ -410,5 +441,7 @@ def _train(
     finally:
         bar.close()
         tracking.close(finished)
+    if dist.is_main:
+        append_start(run_dir, _provenance(t, device, start, step, time.perf_counter() - started, rates, stopped=step < t.steps))
     dist.barrier()
     return TrainResult(run_dir=run_dir, steps=step, final_eval=latest or None, wall_s=time.perf_counter() - started, model=model)

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from windtunnel.config import ConfigError, check_field_types
 from windtunnel.metrics import entropy_bits
-from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.base import Episode, one_hot
 from windtunnel.tunnels.random import random_permutations
 
 __all__ = ["AssocRecallEpisode", "AssocRecallTunnel"]
@@ -166,7 +165,7 @@ class AssocRecallTunnel:
         bound = torch.zeros(B, n_values, dtype=torch.float64, device=generator.device).scatter_(1, values, 1.0)  # [B, value_vocab]
         unbound = (1.0 - bound) / (n_values - N)  # uniform over the values no stored key has
         posterior = torch.where(
-            stored[..., None], F.one_hot(targets, n_values).to(torch.float64), unbound[:, None, :].expand(B, Q, n_values)
+            stored[..., None], one_hot(targets, n_values), unbound[:, None, :].expand(B, Q, n_values)
         )  # [B, Q, value_vocab]
         pairs = torch.stack([keys, values + n_keys], dim=2).reshape(B, 2 * N)  # k v k v ...
         filler = torch.full((B, self.n_filler), self.fill_token, dtype=torch.long, device=generator.device)

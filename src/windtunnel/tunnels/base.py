@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Episode", "Tunnel", "primitive_of"]
+__all__ = ["Episode", "Tunnel", "one_hot", "primitive_of"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,14 @@ def primitive_of(tunnel: object) -> str | None:
     """The inference primitive ``tunnel`` declares (:attr:`Tunnel.primitive`), None if it names none."""
     primitive = getattr(tunnel, "primitive", None)
     return primitive if isinstance(primitive, str) else None
+
+
+def one_hot(index: Tensor, n: int) -> Tensor:
+    """``[..., n]`` float64 indicator rows of ``index`` (values in ``0..n-1``).
+
+    ``torch.nn.functional.one_hot`` checks the range of ``index`` by reading its minimum and
+    maximum back to the host: on CUDA a wait for every kernel queued before it, twice per
+    training batch. A sampler's indices are in range by construction, so this scatters
+    without the check (the same rows, tests/test_tunnel_bijection.py)."""
+    rows = torch.zeros((*index.shape, n), dtype=torch.float64, device=index.device)
+    return rows.scatter_(-1, index.unsqueeze(-1), 1.0)

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from windtunnel.config import ConfigError, check_field_types
-from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.base import Episode, one_hot
 from windtunnel.tunnels.random import random_permutations
 
 __all__ = ["BijectionEpisode", "BijectionTunnel"]
@@ -227,7 +226,7 @@ class BijectionTunnel:
             tokens = torch.cat([tokens, query_input], dim=1)
             positions = torch.cat([positions, torch.tensor([2 * n_pairs], device=generator.device)])
             targets = torch.cat([targets, query_output], dim=1)
-            posterior = torch.cat([posterior, F.one_hot(query_output, V).to(torch.float64)], dim=1)
+            posterior = torch.cat([posterior, one_hot(query_output, V)], dim=1)
             entropy = torch.cat([entropy, torch.zeros(B, 1, dtype=torch.float64, device=generator.device)], dim=1)
         return BijectionEpisode(
             tokens=tokens,
@@ -271,7 +270,7 @@ def _pair_posteriors(inputs: Tensor, outputs: Tensor, V: int) -> tuple[Tensor, T
         ``[B, L, V]`` float64 posterior and ``[B, L]`` float64 entropy (closed form).
     """
     L = inputs.shape[1]
-    outputs_onehot = F.one_hot(outputs, V).to(torch.float64)  # [B, L, V]
+    outputs_onehot = one_hot(outputs, V)  # [B, L, V]
     # Outputs used by pairs strictly before k (exclusive cumulative sum).
     used_before = (outputs_onehot.cumsum(dim=1) - outputs_onehot) > 0  # [B, L, V]
     free = ~used_before
