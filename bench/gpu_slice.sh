@@ -10,7 +10,7 @@
 # 2. Where the step's time goes (bench/profile_step.py, ~1 min): kept until the step is fast
 #    enough for a paper HMM run in one command. PROFILE=0 skips it.
 # 3. The slice: `windtunnel reproduce --scale paper --only-runs $RUNS --time-limit $TRAIN_S
-#    --out results/paper --resume`: trained on the device (the presets compile and train in
+#    --out results/paper --resume` (TRAIN_S: what BUDGET_S leaves), trained on the device (the presets compile and train in
 #    bf16), every analysis of the groups it joins computed on the device over every run of
 #    the group present (at initialization too), each run reduced to its final float32 weights
 #    in shards of at most 15 MiB, the report rebuilt. RUNS defaults to the first run of
@@ -31,12 +31,17 @@ PRIORITY=${PRIORITY:-"bijection_transformer_seed0 hmm_transformer_seed0 hmm_late
     bijection_transformer_seed1 bijection_transformer_seed2 hmm_transformer_seed1 hmm_transformer_seed2 hmm_transformer_seed3
     hmm_transformer_seed4 hmm_transformer_floor_seed0 hmm_mlp_floor_seed0 hmm_late_attention_off_floor_seed0
     bijection_replacement_transformer_seed0 bijection_replacement_mlp_seed0"}
-TRAIN_S=${TRAIN_S:-360}
+# The whole script's budget (give the device call a timeout_s some 40 s above it); the slice's
+# training gets what the checks before it leave, less ANALYSIS_S for the analyses, the report
+# and packing (TRAIN_S set outright overrides that).
+BUDGET_S=${BUDGET_S:-540}
+ANALYSIS_S=${ANALYSIS_S:-200}
 PROFILE=${PROFILE:-1}
 STEP_BENCH_S=${STEP_BENCH_S:-90}
 PY=${PY:-python3}
 export PYTHONPATH="$PWD/src:$PWD/bench:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export WINDTUNNEL_COMMIT=${WINDTUNNEL_COMMIT:-unknown}
+started=$(date +%s)
 work=$(mktemp -d)
 mkdir -p "$OUT"
 if [ "${DRY_RUN:-0}" = 1 ]; then
@@ -75,7 +80,7 @@ echo "sanity: a compiled step of the paper preset ran on $DEVICE"
 
 # 2. Where the step's time goes.
 if [ "$PROFILE" = 1 ]; then
-    timeout 150 $PY bench/profile_step.py --device "$DEVICE" --preset bijection_transformer --steps 40 "${PROFILE_SETS[@]}" \
+    timeout 120 $PY bench/profile_step.py --device "$DEVICE" --preset bijection_transformer --steps 40 "${PROFILE_SETS[@]}" \
         >"$OUT/profile_bijection.json" 2>"$work/profile.log"; echo "profile rc=$?"
     head -c 600 "$OUT/profile_bijection.json"; echo
 fi
@@ -87,17 +92,28 @@ if [ -z "${RUNS:-}" ]; then
     done
 fi
 [ -n "${RUNS:-}" ] || { echo "every run of PRIORITY is in $RESULTS: nothing owed"; exit 0; }
+elapsed=$(( $(date +%s) - started ))
+TRAIN_S=${TRAIN_S:-$(( BUDGET_S - elapsed - ANALYSIS_S ))}
+[ "$TRAIN_S" -ge 60 ] || { echo "only ${TRAIN_S}s left to train: no slice this window"; exit 4; }
 echo "slice: $RUNS (time limit ${TRAIN_S}s per run)"
 mkdir -p "$RESULTS"
 touch "$work/started"
 sleep 1  # file times have a one-second grain on some file systems: everything written from here on is newer
 resume=(); [ -f "$RESULTS/reproduce.json" ] && resume=(--resume)
 t0=$(date +%s)
-$PY -m windtunnel reproduce --scale paper --only-runs $RUNS --time-limit "$TRAIN_S" --out "$RESULTS" "${resume[@]}" \
-    "${SETS[@]}" >"$work/reproduce.json" 2>"$work/reproduce.log"
+# Stopped before the budget runs out, so that packing always happens; a run whose analyses
+# did not finish still keeps its final weights (the next slice of its group computes them).
+timeout $(( BUDGET_S - (t0 - started) - 20 )) $PY -m windtunnel reproduce --scale paper --only-runs $RUNS \
+    --time-limit "$TRAIN_S" --out "$RESULTS" "${resume[@]}" "${SETS[@]}" >"$work/reproduce.json" 2>"$work/reproduce.log"
 rc=$?
 echo "reproduce rc=$rc in $(( $(date +%s) - t0 ))s"; grep -v "^\[train\] " "$work/reproduce.log" | tail -15
 cp "$work/reproduce.log" "$OUT/reproduce.log"
+for name in $RUNS; do
+    if [ -f "$RESULTS/runs/$name/resume.safetensors" ]; then
+        $PY -c "import sys; from windtunnel.runs import keep_final_weights; keep_final_weights(sys.argv[1])" "$RESULTS/runs/$name" \
+            && echo "kept the final weights of $name" || echo "$name is unfinished: its training state stays behind"
+    fi
+done
 
 # 4. The step's cost on this GPU, once.
 if [ "$DEVICE" = cuda ]; then
@@ -112,7 +128,8 @@ fi
 
 # 5. Pack.
 (cd "$RESULTS" && find . -type f | sort >"$work/FILES" && cp "$work/FILES" ./FILES \
-    && find . -type f -newer "$work/started" | sort | tar cf - -T - ) | split -b 15M -d - "$OUT/results.tar.part"
+    && find . -type f -newer "$work/started" ! -name resume.safetensors ! -path "*/checkpoints/*" | sort | tar cf - -T - ) \
+    | split -b 15M -d - "$OUT/results.tar.part"
 rm -f "$RESULTS/FILES"
 ls -la "$OUT"
 rm -rf "$work"
