@@ -143,7 +143,10 @@ def test_transformer_run(trained):
     # The final mae through the ordinary evaluation path.
     final = load_runs([run_dir])[0]
     scores = evaluate(model_predictor(final.model), eval_set_for(config, n=32), references=False)
-    assert result["mae_bits"][-1] == pytest.approx(scores["mae_bits"], abs=1e-9)
+    # Two forward paths through a float32 model (the traced one, the predictor's) may order
+    # float32 reductions differently on another processor's kernels: a few float32 ulps on the
+    # logits (2**-23 = 1.2e-7 relative), about 1e-6 relative on the float64 metric.
+    assert result["mae_bits"][-1] == pytest.approx(scores["mae_bits"], rel=1e-6)
 
 
 def test_model_without_attention_gets_geometry_and_precision_only(trained):
