@@ -41,6 +41,7 @@ PASS_FAIL = [
     ("hmm_separation", {"ratio": 10.0}, [{"ratio": 9.99}]),
     # every horizon must clear 2x: one horizon below fails it (an `any` would pass)
     ("late_attention", {"kl_factors": [2.0, 30.0, 60.0]}, [{"kl_factors": [1.99, 30.0, 60.0]}, {"kl_factors": [30.0, 60.0, 1.99]}, {"kl_factors": []}]),
+    ("late_attention", {"kl_factors": [2.0]}, [{"kl_factors": [1.99]}]),  # one horizon is enough
     ("layer_ablation", {"min_ratio": 10.01}, [{"min_ratio": 10.0}, {"min_ratio": 9.99}]),
 ]
 
@@ -78,6 +79,9 @@ PASS_FAIL += [
     # the interval may exclude 0 if the change is under 5% of the MAE
     ("relabeling", {**RELABEL_PASS, "delta_ci": [0.001, 0.002], "relative_change": 0.0499}, []),
     ("relabeling", {**RELABEL_PASS, "delta_ci": [0.0, 0.002]}, []),  # 0 on the interval's edge is inside
+    ("relabeling", {**RELABEL_PASS, "delta_ci": [-0.002, 0.0]}, []),  # on either edge
+    # "filters": under a tenth of the prior's error, whatever that error is
+    ("relabeling", {**RELABEL_PASS, "mae_bits": 0.1999, "prior_mae_bits": 2.0}, [{**RELABEL_PASS, "mae_bits": 0.2, "prior_mae_bits": 2.0}]),
     ("seeds", {"gap_over_spread": 10.0, "gap_fraction": 0.5}, [
         {"gap_over_spread": 9.99, "gap_fraction": 0.5}, {"gap_over_spread": 10.0, "gap_fraction": 0.499},
         {"gap_over_spread": None, "gap_fraction": None},
@@ -93,7 +97,15 @@ PASS_FAIL += [
         {**QK_PASS, "lifts": [1.0, 1.1, 1.19]},  # the last layer's lift under 1.2x layer 0's
         {**QK_PASS, "entropies": [3.0, 2.0, 2.901]},  # its entropy not 0.1 bits below layer 0's
         {"lifts": [1.2, 1.1, 1.0], "entropies": [2.9, 3.5, 3.0]},  # the reverse: dulling with depth
+        # layer 1's entropy high enough that comparing the last with it, not with layer 0, would pass
+        {**QK_PASS, "entropies": [3.0, 4.0, 2.95]},
     ]),
+    # A first layer's lift other than 1: the last must be 1.2 times it.
+    ("qk_sharpening", {"lifts": [2.0, 2.4], "entropies": [3.0, 2.9]}, [{"lifts": [2.0, 2.39], "entropies": [3.0, 2.9]}]),
+    # Two layers and four: only the first and the last layer decide, whatever lies between.
+    ("qk_sharpening", {"lifts": [1.0, 1.2], "entropies": [3.0, 2.9]}, [{"lifts": [1.0, 1.2], "entropies": [3.0, 2.91]}]),
+    ("qk_sharpening", {"lifts": [1.0, 0.5, 3.0, 1.2], "entropies": [3.0, 5.0, 1.0, 2.9]},
+     [{"lifts": [1.0, 3.0, 3.0, 1.19], "entropies": [3.0, 1.0, 1.0, 2.9]}]),
     ("value_manifold", {"pc1_variance": 0.81, "correlation": 0.81}, [
         {"pc1_variance": 0.8, "correlation": 0.81}, {"pc1_variance": 0.81, "correlation": 0.8},
         {"pc1_variance": 0.5, "correlation": 0.99}, {"pc1_variance": 0.99, "correlation": 0.5},
@@ -526,3 +538,165 @@ def test_hmm_transformer_rows_prefer_the_floored_twin_and_name_its_variant():
     got = verdicts({"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm},
                     "hmm_transformer_floor": {"layer_ablation": hmm_floored}})["layer_ablation"]
     assert got.measured.values == {"min_ratio": 30.0} and "hmm (floor 0.05, grid 0.01) kl_bits 30x" in got.ours
+
+
+# --- the claim table's cells, from hand-written results ------------------------------------------
+
+
+def _bijection_results(mae_aggregate_bits: float) -> dict:
+    return {"bijection": {"model_comparison": comparison(
+        OURS_BIJECTION, {"transformer": {19: {"mae_aggregate_bits": mae_aggregate_bits, "mae_bits": 0.03, "kl_bits": 0.001}}}, 19)}}
+
+
+def _hmm_results(kl_bits: float) -> dict:
+    return {"hmm": {"model_comparison": comparison(OURS_HMM, {"transformer": {h: {"kl_bits": kl_bits} for h in (20, 30, 50)}}, 20)}}
+
+
+def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_differs_from_the_trained_one():
+    from windtunnel.report.build import claims_table
+    from windtunnel.report.html import NOT_YET_RUN
+
+    trained = {**_bijection_results(0.004), **_hmm_results(0.02)}  # bijection holds (< 0.02); HMM K=20 fails (>= 0.01)
+    initial = {**_bijection_results(0.9), **_hmm_results(0.001)}  # and the reverse at initialization
+    table = claims_table(trained, initial, "cpu")
+    header = table.columns
+    assert header[:2] == ["claim", "holds?"] and header[6] == "random init (holds?)"
+    rows = {row[0]: row for row in table.rows}
+    bijection, hmm_k20 = rows[BY_KEY["bijection_accuracy"].claim], rows[BY_KEY["hmm_k20"].claim]
+    assert bijection[1] == "yes" and bijection[6] == "0.9 bits mae_aggregate_bits (without replacement) (no)"
+    assert hmm_k20[1] == "no" and hmm_k20[6] == "0.001 bits kl_bits (no floor, grid 0.05) (yes)"
+    assert bijection[4] == "0.004 bits mae_aggregate_bits (without replacement)" and bijection[5] == "mae_bits 0.03; kl_bits 0.001"
+    assert bijection[7] == BY_KEY["bijection_accuracy"].criterion
+    # A claim with no result: n/a at initialization, or "not yet run" while the folder waits for its runs.
+    seeds = rows[BY_KEY["seeds"].claim]
+    assert seeds[1] == "n/a" and seeds[6] == "n/a"
+    waiting = {row[0]: row for row in claims_table(trained, initial, "paper", pending=True).rows}[BY_KEY["seeds"].claim]
+    assert waiting[1] == NOT_YET_RUN and waiting[4] == NOT_YET_RUN and waiting[6] == NOT_YET_RUN
+    # Another scale's verdicts beside: a column of its own, after ours.
+    beside = claims_table(trained, initial, "paper", beside=("cpu", {**_bijection_results(0.5), **_hmm_results(0.001)}))
+    assert beside.columns[2] == "holds at cpu scale?"
+    rows = {row[0]: row for row in beside.rows}
+    assert rows[BY_KEY["bijection_accuracy"].claim][1:3] == ["yes", "no"] and rows[BY_KEY["hmm_k20"].claim][1:3] == ["no", "yes"]
+
+
+def test_the_tally_counts_what_is_waiting_and_names_every_split_claim():
+    table = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.0} for h in (20, 30, 50)}}, 20)
+    horizons = table["models"]["transformer"]["horizons"]
+    per_run(horizons["20"], [0.0027, 0.02], "kl_bits")  # two seeds: the median 0.011 fails, seed 0 holds alone
+    per_run(horizons["30"], [0.01, 0.06, 0.07, 0.08], "kl_bits")  # four seeds: the median 0.065 fails, seed 0 holds alone
+    per_run(horizons["50"], [0.05, 0.117, 0.096, 0.01], "kl_bits")  # median 0.073 holds, seed 1 fails alone
+    results = evaluate_claims({"hmm": {"model_comparison": table}})
+    n = len(CLAIMS)
+    k20, k30, k50 = (BY_KEY[key].claim for key in ("hmm_k20", "hmm_k30", "hmm_k50"))
+    assert tally(results, pending=True) == (
+        f"1 of 3 claims hold ({n - 3} not yet run); on the median only, with a seed that fails alone: {k50}; "
+        f"failing on the median, though a seed holds alone: {k20}; {k30}"
+    )
+    got = {v.claim.key: v for v in results}
+    assert got["hmm_k20"].seed_split == "1 of 2 seeds holds" and got["hmm_k30"].seed_split == "1 of 4 seeds holds"
+    assert got["hmm_k50"].seed_split == "3 of 4 seeds hold"
+    everything = [v for v in results if v.holds is not None]
+    assert tally(everything) == tally(everything, pending=True)  # nothing waiting: no count in brackets
+    assert "(" not in tally(everything).split(";")[0]
+
+
+def test_the_per_seed_split_of_layer_ablation_needs_the_same_seeds_on_every_tunnel_and_more_than_one():
+    def result(metric, intact, ablated):
+        return {
+            "intact_per_run": [{metric: i} for i in intact],
+            "layers": [{"ratios": {m: summarize([a / i for a, i in zip(row, intact)]) for m in METRICS},
+                        "per_run": [{metric: a} for a in row]} for row in ablated],
+        }
+
+    def split(bijection_seeds: int, hmm_seeds: int) -> tuple:
+        bijection = result("mae_aggregate_bits", [0.01] * bijection_seeds, [[0.5] * bijection_seeds])
+        hmm = result("kl_bits", [0.002] * hmm_seeds, [[0.1] * hmm_seeds])
+        results = {"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm}}
+        return verdicts(results)["layer_ablation"].measured.per_seed
+
+    assert [v["min_ratio"] for v in split(3, 3)] == [pytest.approx(50.0)] * 3  # three seeds: 50x each
+    assert split(2, 3) == () and split(3, 2) == ()  # unequal seed counts: no seed s to pair across tunnels
+    assert split(1, 1) == ()  # one seed: nothing to split
+
+
+def test_seeds_with_no_spread_fit_any_gap_and_the_text_names_the_spread_and_the_gap():
+    result = seeds_result({"kl_bits": 0.01, "mae_bits": 0.02}, {"kl_bits": 1.0})
+    result["horizons"]["19"]["metrics"]["kl_bits"]["gap_over_spread"] = None  # identical seeds: no spread to divide by
+    got = verdicts({"hmm": {"seeds": result}})["seeds"]
+    assert got.measured.values == {"gap_over_spread": math.inf, "gap_fraction": pytest.approx(1 / 1.1)} and got.holds is True
+    assert got.ours == "hmm, 3 seeds: spread 0.01 bits kl_bits; the MLP's gap infx the spread, 91% of the MLP's error"
+    assert got.stricter == "mae_bits spread 0.02"
+    with pytest.raises(MissingResult, match="^seeds$"):
+        BY_KEY["seeds"].measure({"hmm": {}})
+
+
+def test_numbers_are_formatted_with_two_or_three_significant_digits_and_factors_whole_from_10x():
+    from windtunnel.report.claim_results import fmt_bits, fmt_factor, fmt_times
+
+    assert [fmt_bits(v) for v in (0.001234, 0.009999, 0.012345, 0.12345, 1.2345, -0.005)] == [
+        "0.0012", "0.01", "0.0123", "0.123", "1.23", "-0.005"]
+    assert [fmt_factor(v) for v in (2.5, 9.4, 10.0, 150.0, 1234.0)] == ["2.5x", "9.4x", "10x", "150x", "1234x"]
+    assert fmt_times(6.0, 2.0) == "3x" and fmt_times(1.0, 0.0) == "∞x"
+
+
+def test_variant_names_default_to_the_plain_sampling_and_per_seed_values_need_two_seeds():
+    from windtunnel.report.claim_results import model_scores, variant_of
+
+    assert variant_name({"name": "hmm", "grid": 0.05}) == "no floor, grid 0.05"  # a saved config without the newer keys
+    assert variant_name({"name": "hmm", "grid": 0.05, "stickiness": 0.0}) == "no floor, grid 0.05"
+    assert variant_name({"name": "assoc_recall"}) == "assoc_recall"
+    assert variant_of({"tunnel": OURS_BIJECTION}) == " (without replacement)" and variant_of({}) == ""
+    one = comparison(OURS_HMM, {"transformer": {20: {"kl_bits": 0.003}}}, 20)
+    per_run(one["models"]["transformer"]["horizons"]["20"], [0.003], "kl_bits")
+    assert model_scores({"hmm": {"model_comparison": one}}, "hmm", "transformer").per_seed(20, "kl_bits") == []  # one run
+    per_run(one["models"]["transformer"]["horizons"]["20"], [0.003, 0.004], "kl_bits")
+    assert model_scores({"hmm": {"model_comparison": one}}, "hmm", "transformer").per_seed(20, "kl_bits") == [0.003, 0.004]
+
+
+def test_each_measure_writes_its_numbers_into_the_table_text_as_the_table_shows_them():
+    """The 'ours' and 'stricter' cells, in full, for hand-written results: each number where
+    the format puts it (two or three significant digits, factors whole from 10x, percentages)."""
+
+    def texts(key, results):
+        got = verdicts(results)[key]
+        return got.ours, got.stricter
+
+    ours = late({"20": {"kl_bits": 8.0, "mae_bits": 1.5}, "50": {"kl_bits": 4.0, "mae_bits": 1.2}})
+    assert texts("late_attention", {"hmm": {"late_attention": ours}}) == ("kl_bits 8x/4x at K=20/50", "mae_bits 1.5x/1.2x at K=20/50")
+    bijection = layers([{"mae_aggregate_bits": 50.0, "mae_bits": 5.0}, {"mae_aggregate_bits": 12.0, "mae_bits": 5.0}])
+    hmm = layers([{"kl_bits": 30.0, "mae_aggregate_bits": 1.0}, {"kl_bits": 11.0}])
+    assert texts("layer_ablation", {"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm}}) == (
+        "bijection mae_aggregate_bits 50x, 12x; hmm kl_bits 30x, 11x per layer", "bijection mae_bits 5x, 5x; hmm mae_bits 1x, 1x")
+    qk = {"layers": [{"lift": {"evidence": lift}, "entropy_bits": {"mean": h}} for lift, h in ((1.8, 3.5), (1.1, 3.9))],
+          "authors_query_key_cosine": {"layers": [{"mean_cos": {"mean": 0.1}}, {"mean_cos": {"mean": -0.2}}]}}
+    assert texts("qk_sharpening", {"bijection_transformer": {"qk_sharpening": qk}}) == (
+        "evidence mass / uniform share by layer 1.80, 1.10; attention entropy 3.50 → 3.90 bits",
+        "the authors' measure (mean cos of the query with earlier input keys) by layer +0.10, -0.20")
+
+    def manifold(pc1, r, pc=1):
+        return {"pc1_variance": {"mean": pc1, "std": 0.0}, "correlation": {"value": {"mean": r, "std": 0.0}, "pc": pc}}
+
+    value = {"bijection_transformer": {"value_manifold": {"measures": {
+        "ln_final_value_positions_max_pearson": manifold(0.85, 0.9, pc=2), "resid_supervised_spearman_pc1": manifold(0.2, 0.5)}}},
+        "hmm_transformer": {"value_manifold": {"measures": {
+            "resid_supervised_spearman_pc1": manifold(0.3, 0.6), "ln_final_supervised_abs_pearson_pc1": manifold(0.7, 0.8)}}}}
+    assert texts("value_manifold", value) == (
+        "bijection, final-normed value positions: PC1 85%, max |Pearson| 0.90 (PC2)",
+        "bijection residual at supervised positions: PC1 20%, |Spearman| 0.50; hmm residual at supervised positions: PC1 30%, "
+        "|Spearman| 0.60; hmm, the authors' HMM measure (no threshold): PC1 70%, |Pearson| 0.80")
+    dynamics = {"stabilization_step": 316, "stabilization_fraction": 0.11,
+                "at_stabilization": {"mae_aggregate_bits": 0.1, "mae_bits": 0.2, "kl_bits": 0.1},
+                "final": {"mae_aggregate_bits": 0.05, "mae_bits": 0.005, "kl_bits": 0.001},
+                "ratio_stabilization_to_final": {"mae_aggregate_bits": 1.9, "mae_bits": 40.0, "kl_bits": 100.0}}
+    assert texts("dissociation", {"bijection_transformer": {"training_dynamics": dynamics}}) == (
+        "attention settles at step 316 (11% of training); mae_aggregate_bits there 0.1, at the end 0.05 (1.9x lower)", "mae_bits 40x lower")
+    transformer = {h: {"kl_bits": 0.05, "mae_bits": 0.1} for h in (20, 30, 50)}
+    mlp = {h: {"kl_bits": 0.6, "mae_bits": 0.4} for h in (20, 30, 50)}
+    both = {"hmm": {"model_comparison": comparison(OURS_HMM, {"transformer": transformer, "mlp": mlp}, 20)},
+            "hmm_floor": {"model_comparison": comparison(AUTHORS_HMM, {"transformer": transformer, "mlp": mlp}, 20)}}
+    assert texts("hmm_separation", both) == (
+        "MLP 0.6/0.6/0.6 bits kl_bits at K=20/30/50 (prior 0.5); 12x the transformer (floor 0.05, grid 0.01); "
+        "MLP 0.6, prior 0.5 (no floor, grid 0.05)", "mae_bits 4x")
+    for key, name in (("late_attention", "late_attention"), ("layer_ablation", "layer_ablation"), ("seeds", "seeds")):
+        with pytest.raises(MissingResult, match=f"^{name}$"):
+            BY_KEY[key].measure({})

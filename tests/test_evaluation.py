@@ -10,7 +10,17 @@ import pytest
 import torch
 from scipy import integrate, special, stats
 
-from windtunnel.evaluation import EvalSet, evaluate, oracle_predictor, score, score_relabeling
+from windtunnel.evaluation import (
+    EvalSet,
+    bootstrap_weights,
+    evaluate,
+    model_predictor,
+    oracle_predictor,
+    percentile_interval,
+    prior_predictor,
+    score,
+    score_relabeling,
+)
 from windtunnel.tunnels import BijectionTunnel, HMMTunnel
 
 
@@ -316,3 +326,201 @@ def test_relabeling_with_a_non_uniform_initial_permutes_it_with_the_states(one_t
     first = np.abs(entropy_bits_numpy(np.array(initial)) - h_bayes[:, :1])
     closed_form = np.concatenate([first, math.log2(5) - h_bayes[:, 1:]], axis=1).mean()
     assert result["mae_bits_prior"] == pytest.approx(closed_form, abs=1e-12)  # float64 rounding, as above
+
+
+# --- shapes that tell the metrics apart: more sequences than positions, errors of both signs -----
+
+
+def _unequal_episode_and_model():
+    """N = 3 sequences, P = 2 positions, C = 3: the model's entropy is above Bayes on some
+    sequences and below on others, and on average above at one position and below at the
+    other, so |mean over sequences| (the aggregate), the mean of |per-sequence error| and
+    |grand mean| all differ, and N != P tells the axes apart."""
+    posterior = np.array(
+        [
+            [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]],
+            [[0.2, 0.3, 0.5], [0.9, 0.05, 0.05]],
+            [[0.6, 0.2, 0.2], [1 / 3, 1 / 3, 1 / 3]],
+        ]
+    )
+    model = np.array(
+        [
+            [[0.8, 0.1, 0.1], [0.9, 0.1, 0.0]],
+            [[0.7, 0.2, 0.1], [0.98, 0.01, 0.01]],
+            [[0.4, 0.3, 0.3], [0.8, 0.1, 0.1]],
+        ]
+    )
+    episode = SimpleNamespace(posterior=torch.tensor(posterior), entropy_bits=torch.tensor(entropy_bits_numpy(posterior)))
+    return episode, torch.tensor(model), posterior, model
+
+
+def test_the_aggregate_and_the_per_sequence_error_are_told_apart_and_the_curves_are_per_position():
+    episode, prediction, posterior, model = _unequal_episode_and_model()
+    error = entropy_bits_numpy(model) - entropy_bits_numpy(posterior)  # [N = 3, P = 2]
+    assert (error > 0).any() and (error < 0).any()  # both signs: the magnitudes are taken where they should be
+    aggregate, per_sequence = np.abs(error.mean(0)).mean(), np.abs(error).mean()
+    assert abs(aggregate - per_sequence) > 0.1  # this data can tell the two metrics apart
+    assert abs(np.abs(error.mean(1)).mean() - aggregate) > 0.1  # and the two axes
+    assert abs(abs(error.mean()) - aggregate) > 0.1  # and the magnitude per position from that of the grand mean
+    kl = stats.entropy(posterior, model, base=2, axis=-1)  # [N, P]; the model is positive where the posterior is
+    result = score([prediction], [episode])
+    # Tolerance: float64 entropies of 3 terms, averaged over 6 values (rounding ~1e-15).
+    assert result["n"] == 3
+    assert result["mae_aggregate_bits"] == pytest.approx(aggregate, abs=1e-12)
+    assert result["mae_bits"] == pytest.approx(per_sequence, abs=1e-12)
+    assert result["kl_bits"] == pytest.approx(kl.mean(), abs=1e-12)
+    curves = result["curves"]
+    assert set(curves) == {"model_entropy_bits", "bayes_entropy_bits", "abs_error_bits", "kl_bits"}
+    assert curves["model_entropy_bits"] == pytest.approx(entropy_bits_numpy(model).mean(0).tolist(), abs=1e-12)
+    assert curves["bayes_entropy_bits"] == pytest.approx(entropy_bits_numpy(posterior).mean(0).tolist(), abs=1e-12)
+    assert curves["abs_error_bits"] == pytest.approx(np.abs(error).mean(0).tolist(), abs=1e-12)
+    assert curves["kl_bits"] == pytest.approx(kl.mean(0).tolist(), abs=1e-12)
+    assert not any(key.endswith("_ci") for key in result)  # bootstrap = 0 by default: no intervals
+
+
+def test_every_interval_is_the_percentile_interval_of_its_own_statistic_over_resampled_sequences():
+    """The intervals recomputed in numpy from the resample weights: the aggregate's interval is
+    |weighted mean over sequences| per position, then the mean over positions, which on this
+    data differs from the per-sequence statistic in every resample."""
+    episode, prediction, posterior, model = _unequal_episode_and_model()
+    error = entropy_bits_numpy(model) - entropy_bits_numpy(posterior)
+    kl = stats.entropy(posterior, model, base=2, axis=-1)
+    result = score([prediction], [episode], bootstrap=400, seed=11, level=0.8)
+    weights = bootstrap_weights(3, 400, torch.Generator().manual_seed(11)).numpy()  # [R, N]
+    counts = weights * 3
+    assert np.allclose(counts, np.round(counts)) and np.allclose(weights.sum(1), 1.0)  # multinomial resamples of 3
+    statistics = {
+        "mae_aggregate_bits": np.abs(weights @ error).mean(1),
+        "mae_bits": weights @ np.abs(error).mean(1),
+        "kl_bits": weights @ kl.mean(1),
+    }
+    for name, values in statistics.items():
+        # np.quantile's default is the same linear interpolation; tolerance: float64 rounding of 6-term sums.
+        assert result[f"{name}_ci"] == pytest.approx(np.quantile(values, [0.1, 0.9]).tolist(), abs=1e-12), name
+
+
+def test_the_seed_fixes_the_resamples_and_defaults_to_0():
+    rng = np.random.default_rng(0)
+    posterior, model = rng.dirichlet(np.ones(3), size=(50, 4)), rng.dirichlet(np.ones(3), size=(50, 4))
+    episode = SimpleNamespace(posterior=torch.tensor(posterior), entropy_bits=torch.tensor(entropy_bits_numpy(posterior)))
+    prediction = torch.tensor(model)
+    result = score([prediction], [episode], bootstrap=100, seed=11)
+    assert result == score([prediction], [episode], bootstrap=100, seed=11)
+    other = score([prediction], [episode], bootstrap=100, seed=12)
+    assert all(result[f"{name}_ci"] != other[f"{name}_ci"] for name in ("mae_aggregate_bits", "mae_bits", "kl_bits"))
+    assert score([prediction], [episode], bootstrap=100) == score([prediction], [episode], bootstrap=100, seed=0)
+
+
+def test_bootstrap_weights_draw_each_sequence_with_probability_one_over_n():
+    n, resamples = 4, 20_000
+    weights = bootstrap_weights(n, resamples, torch.Generator().manual_seed(0)).numpy()
+    # Each count is Binomial(n, 1/n): mean 1, variance 1 - 1/n; the mean over 80,000 counts has
+    # standard error sqrt(0.75 / 80,000) ~ 0.003, so 0.02 is more than 6 standard errors.
+    counts = weights * n
+    assert abs(counts.mean() - 1.0) < 0.02 and abs(counts.var() - (1 - 1 / n)) < 0.03
+    assert (counts[:, 0] == 0).mean() == pytest.approx((1 - 1 / n) ** n, abs=0.02)  # P(sequence 0 never drawn)
+    assert np.array_equal(weights, bootstrap_weights(n, resamples, torch.Generator().manual_seed(0)).numpy())
+
+
+def test_the_percentile_interval_is_numpys_quantile_and_needs_a_level_strictly_inside_0_1():
+    values = torch.tensor(np.random.default_rng(3).normal(size=1001))
+    # The default level is 95%; tolerance: float64 interpolation between two order statistics.
+    assert percentile_interval(values) == pytest.approx(np.quantile(values.numpy(), [0.025, 0.975]).tolist(), abs=1e-12)
+    assert percentile_interval(values, 0.5) == pytest.approx(np.quantile(values.numpy(), [0.25, 0.75]).tolist(), abs=1e-12)
+    for level in (0.0, 1.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=rf"^level={level} is not a probability strictly between 0 and 1$"):
+            percentile_interval(values, level)
+
+
+def test_an_eval_set_is_drawn_at_the_horizon_asked_for():
+    tunnel = BijectionTunnel(V=8, L=8)
+    eval_set = EvalSet.draw(tunnel, horizon=3, n=10, batch_size=4, seed=0)
+    assert eval_set.horizon == 3
+    assert [tuple(e.posterior.shape) for e in eval_set.episodes] == [(4, 3, 8), (4, 3, 8), (2, 3, 8)]
+
+
+def test_an_eval_set_too_large_for_memory_is_refused_with_its_size_at_its_horizon(monkeypatch):
+    """The oracle is the bytes the drawn set really holds: a draw that fits in them is allowed,
+    one with less memory than the set holds at *its* horizon is refused (not at the tunnel's L)."""
+    from windtunnel.config import ConfigError
+
+    tunnel = BijectionTunnel(V=64, L=64)
+    held = sum(
+        v.nbytes for e in EvalSet.draw(tunnel, horizon=4, n=50, batch_size=50, seed=0).episodes for v in vars(e).values() if torch.is_tensor(v)
+    )
+    monkeypatch.setattr("windtunnel.memory.available_bytes", lambda: held)
+    EvalSet.draw(tunnel, horizon=4, n=50, batch_size=50, seed=0)  # the estimate is a lower bound of what it holds
+    monkeypatch.setattr("windtunnel.memory.available_bytes", lambda: int(0.8 * held))  # the estimate is >= 0.9 of it
+    with pytest.raises(ConfigError, match=r"^a held-out set of 50 sequences at horizon 4 needs at least .* is available: lower --n or eval.n$"):
+        EvalSet.draw(tunnel, horizon=4, n=50, batch_size=50, seed=0)
+
+
+def test_evaluate_passes_its_bootstrap_and_seed_to_every_row_and_keeps_curves_for_the_model_only():
+    tunnel = BijectionTunnel(V=6, L=6)
+    eval_set = EvalSet.draw(tunnel, horizon=6, n=40, batch_size=20, seed=1)
+    prior = prior_predictor(tunnel)
+    result = evaluate(prior, eval_set, tunnel=tunnel, bootstrap=30, seed=5)
+    own = score([prior(e) for e in eval_set.episodes], eval_set.episodes, bootstrap=30, seed=5)
+    assert {k: v for k, v in result.items() if k not in ("oracle", "prior")} == own
+    assert result["prior"] == {k: v for k, v in own.items() if k != "curves"}  # the same predictor, the same resamples
+    # The oracle row: its errors are float64 rounding of entropies (< 1e-15 bits), in every resample too.
+    assert "curves" not in result["oracle"] and max(map(abs, result["oracle"]["mae_bits_ci"])) < 1e-12
+    assert evaluate(prior, eval_set, references=False) == score([prior(e) for e in eval_set.episodes], eval_set.episodes)
+    assert evaluate(prior, eval_set, tunnel=tunnel, bootstrap=30) == evaluate(prior, eval_set, tunnel=tunnel, bootstrap=30, seed=0)
+    with pytest.raises(ValueError, match=r"^evaluate\(references=True\) needs the tunnel for the prior row$"):
+        evaluate(prior, eval_set)
+
+
+def test_relabeling_reports_kl_before_after_and_their_change_by_hand_and_its_level():
+    n = 40
+    small, wrong = np.linspace(0.01, 0.1, n), np.linspace(0.05, 0.45, n)
+    eval_set, tunnel = table_eval_set(n, 16), TableTunnel()
+    result = score_relabeling(table_reader([small, wrong]), eval_set, tunnel, seed=2, bootstrap=300)
+    kl_before, kl_after = -np.log2(1 - small), -np.log2(1 - wrong)  # KL((1, 0) || (1 - e, e)) in bits
+    # Tolerance: float64 logs averaged over 40 sequences.
+    assert result["kl_bits_before"] == pytest.approx(kl_before.mean(), abs=1e-12)
+    assert result["kl_bits_after"] == pytest.approx(kl_after.mean(), abs=1e-12)
+    assert result["delta_kl_bits"] == pytest.approx((kl_after - kl_before).mean(), abs=1e-12)
+    assert result == score_relabeling(table_reader([small, wrong]), eval_set, tunnel, seed=2, bootstrap=300)  # seeded
+    narrow = score_relabeling(table_reader([small, wrong]), eval_set, tunnel, seed=2, bootstrap=300, level=0.5)
+    for name in ("delta_mae_bits_ci", "delta_kl_bits_ci"):
+        assert result[name][0] < narrow[name][0] <= narrow[name][1] < result[name][1], name  # 95% by default, wider than 50%
+    single = score_relabeling(table_reader([small, wrong]), eval_set, tunnel, seed=2, bootstrap=0)
+    assert single["delta_mae_bits_ci"][0] == single["delta_mae_bits_ci"][1]  # one resample: a point
+
+
+def test_a_model_predictor_is_the_models_softmax_in_float64_at_the_supervised_positions():
+    from windtunnel.models import Trace, build_model
+
+    tunnel = BijectionTunnel(V=6, L=6)
+    model = build_model(
+        "transformer",
+        {"n_layers": 2, "n_heads": 2, "d_model": 16, "d_mlp": 32},
+        vocab_size=tunnel.vocab_size,
+        num_classes=tunnel.num_classes,
+        max_len=tunnel.seq_len(),
+        generator=torch.Generator().manual_seed(0),
+    )
+    episode = tunnel.sample(5, generator=torch.Generator().manual_seed(1))
+    model.train()
+    with torch.no_grad():
+        model.eval()
+        logits = model(episode.tokens, at=episode.positions)
+        ablated = model(episode.tokens, trace=Trace((), mask_heads={0: [1]}), at=episode.positions)
+    model.train()
+    # scipy's softmax of the float64 logits: the oracle. Tolerance: float64 exp/normalize of 6 terms.
+    expected = special.softmax(logits.double().numpy(), axis=-1)
+    predicted = model_predictor(model)(episode)
+    assert predicted.dtype == torch.float64 and model.training  # eval mode inside, restored after
+    assert np.allclose(predicted.numpy(), expected, rtol=0, atol=1e-12)
+    assert np.allclose(model_predictor(model, device="cpu")(episode).numpy(), expected, rtol=0, atol=1e-12)
+    masked = model_predictor(model, interventions={"mask_heads": {0: [1]}})(episode).numpy()
+    assert np.allclose(masked, special.softmax(ablated.double().numpy(), axis=-1), rtol=0, atol=1e-12)
+    assert not np.allclose(masked, expected, rtol=0, atol=1e-6)  # the intervention really changes the model
+
+
+def test_an_eval_set_moved_to_a_device_holds_the_same_sequences():
+    eval_set = EvalSet.draw(BijectionTunnel(V=6, L=6), horizon=4, n=7, batch_size=3, seed=2)
+    moved = eval_set.to("cpu")
+    assert moved.horizon == 4 and len(moved.episodes) == 3
+    assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.posterior, b.posterior) for a, b in zip(eval_set.episodes, moved.episodes))

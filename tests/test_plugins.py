@@ -112,6 +112,14 @@ def test_registration_refuses_a_taken_name_or_a_class_that_breaks_the_contract(c
     assert "no_sample" not in TUNNELS
 
 
+def test_unregistering_removes_the_name_and_an_unknown_name_is_no_error():
+    register_tunnel(CoinTunnel)
+    assert TUNNELS["coin"] is CoinTunnel
+    unregister_tunnel("coin")
+    assert "coin" not in TUNNELS and "hmm" in TUNNELS
+    unregister_tunnel("coin")  # a clean-up that runs twice
+
+
 def test_capabilities_each_built_in_tunnel_declares():
     assert capabilities_of(BijectionTunnel) == [
         "SymbolTokens", "HypothesisTokens", "AttentionCategories", "ClosedFormEntropy", "ValuePositions",
@@ -163,3 +171,15 @@ def test_a_registered_tunnel_samples_trains_evaluates_and_analyzes(coin, tmp_pat
     assert "ValuePositions" in manifold["measures_skipped"]["ln_final_value_positions_max_pearson"]
     calibration = json.loads((run / "analysis" / "calibration.json").read_text())
     assert calibration["closed_form_bits"] is None
+
+
+def test_a_tunnel_names_its_primitive_with_a_string_or_not_at_all():
+    from windtunnel.tunnels.base import primitive_of
+
+    assert primitive_of(HMMTunnel()) == "belief transport" and primitive_of(BijectionTunnel(V=4)) == "belief accumulation"
+    assert primitive_of(object()) is None  # no attribute: no primitive, no error
+
+    class Odd:
+        primitive = 3
+
+    assert primitive_of(Odd()) is None

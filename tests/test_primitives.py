@@ -242,3 +242,61 @@ def test_the_tiny_study_trains_compares_and_reports_every_architecture_on_every_
     original, rebuilt = ((folder / "report" / "report.md").read_text() for folder in (out, copy))
     assert written.sub("", rebuilt) == written.sub("", original)
     assert "recall" in original and "context-free prior" in original
+
+
+def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path):
+    """Two tunnels, three architectures (one trained on each tunnel only), the initial weights
+    beside, one figure on disk: every cell of both tables, worked by hand. The share of the gap
+    is the smaller of (prior - error) / prior over mae_bits and kl_bits; one seed's interval is
+    its run's bootstrap interval."""
+
+    def row(mae, kl, prior=2.0):
+        return {"mae_bits": {"median": mae, "min": mae, "max": mae}, "kl_bits": {"median": kl, "min": kl, "max": kl},
+                "prior": {"mae_bits": prior, "kl_bits": prior},
+                "per_run": [{"mae_bits": mae, "kl_bits": kl, "mae_bits_ci": [mae * 0.9, mae * 1.1], "kl_bits_ci": [kl * 0.8, kl * 1.2]}]}
+
+    def comparison(primitive, tunnel, models, h):
+        return {"training_horizon": h, "primitive": primitive, "tunnel": tunnel,
+                "models": {name: {"n_runs": 1, "n_parameters": n, "horizons": {str(h): r}} for name, (n, r) in models.items()}}
+
+    bijection = {"name": "bijection", "V": 8, "L": 7}
+    hmm = {"name": "hmm", "S": 5, "M": 5, "K": 20, "grid": 0.05}
+    results = {
+        "bijection": {"model_comparison": comparison("belief accumulation", bijection,
+                                                     {"transformer": (12345, row(0.01, 0.02)), "mlp": (12400, row(1.9, 1.8))}, 7)},
+        "hmm": {"model_comparison": comparison("belief transport", hmm,
+                                               {"transformer": (20000, row(0.05, 0.04)), "lstm": (19990, row(1.0, 0.9))}, 20)},
+    }
+    at_init = {group: {"model_comparison": comparison(r["model_comparison"]["primitive"], r["model_comparison"]["tunnel"],
+                                                      {m: (1, row(2.0, 2.0)) for m in r["model_comparison"]["models"]},
+                                                      r["model_comparison"]["training_horizon"])}
+               for group, r in results.items()}
+    (tmp_path / "hmm").mkdir()
+    (tmp_path / "hmm" / "model_comparison.png").write_bytes(b"")
+    verdicts, numbers, curves = primitive_sections(results, tmp_path, at_init)
+    assert verdicts.tables[0].columns == ["architecture", *PRIMITIVES]
+    assert verdicts.tables[0].rows == [
+        ["transformer", "realizes / paper: realizes (agrees)", "realizes / paper: realizes (agrees)", "not trained / paper: realizes"],
+        ["mlp", "fails / paper: fails (agrees)", "not trained / paper: fails", "not trained / paper: fails"],
+        ["lstm", "not trained / paper: realizes", "partly / paper: fails (differs)", "not trained / paper: fails"],
+    ]
+    assert numbers.tables[0].columns[:3] == ["primitive", "tunnel", "architecture"]
+    assert numbers.tables[0].rows == [
+        ["belief accumulation", "bijection (V = 8)", "transformer", "12,345",
+         "realizes: mae 0.01 [0.009, 0.011], kl 0.02 [0.016, 0.024] (1 seed; 99% of the gap)", "fails (0%)",
+         "0.007 mae_bits (bijection V = 20)"],
+        ["belief accumulation", "bijection (V = 8)", "mlp", "12,400",
+         "fails: mae 1.9 [1.71, 2.09], kl 1.8 [1.44, 2.16] (1 seed; 5% of the gap)", "fails (0%)", "1.85 mae_bits (bijection V = 20)"],
+        ["belief accumulation", "bijection (V = 8)", "context-free prior", None, "mae 2, kl 2", None, None],
+        ["belief transport", "hmm (S = 5, M = 5, K = 20)", "transformer", "20,000",
+         "realizes: mae 0.05 [0.045, 0.055], kl 0.04 [0.032, 0.048] (1 seed; 97% of the gap)", "fails (0%)",
+         "7.5e-5 mae_bits (HMM, K = 20)"],
+        ["belief transport", "hmm (S = 5, M = 5, K = 20)", "lstm", "19,990",
+         "partly: mae 1 [0.9, 1.1], kl 0.9 [0.72, 1.08] (1 seed; 50% of the gap)", "fails (0%)", '"fails"; no number published'],
+        ["belief transport", "hmm (S = 5, M = 5, K = 20)", "context-free prior", None, "mae 2, kl 2", None, None],
+    ]
+    assert [(f.path, f.title) for f in curves.figures] == [
+        (tmp_path / "hmm" / "model_comparison.png", "belief transport: hmm (S = 5, M = 5, K = 20)")]
+    assert curves.figures[0].caption == "Per-position |entropy error| of each architecture, hmm (S = 5, M = 5, K = 20)."
+    (nothing,) = primitive_sections({}, tmp_path)
+    assert nothing.title == "Primitives" and not nothing.tables

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +26,10 @@ from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.run_config import load_run_config
 from windtunnel.studies import GROUPS, PRESET_NAMES, SCALES, configs_folder
 
-pytestmark = pytest.mark.slow
+#: A finished tiny reproduction to copy instead of running one: `make mutate` builds it once
+#: with the unmutated code, so that each mutant's report tests take seconds, not minutes.
+PREBUILT = os.environ.get("WINDTUNNEL_TINY_REPRODUCTION")
+pytestmark = [] if PREBUILT else [pytest.mark.slow]
 
 
 class _Page(HTMLParser):
@@ -63,7 +67,10 @@ class _Page(HTMLParser):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("repro") / "tiny"
-    assert main(["reproduce", "--scale", "tiny", "--out", str(out)]) == 0
+    if PREBUILT:
+        shutil.copytree(PREBUILT, out)
+    else:
+        assert main(["reproduce", "--scale", "tiny", "--out", str(out)]) == 0
     return out
 
 
@@ -130,7 +137,7 @@ def test_the_manifest_lists_the_scale_and_every_run(tiny):
     assert manifest["planned"] == [run["name"] for run in manifest["runs"]]  # every planned run is there
     assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
     assert manifest["cuts"] == list(scale.cuts) and manifest["wall_s"] > 0
-    assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {tiny}"
+    assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {PREBUILT or tiny}"
     jobs = plan_runs(scale, tiny)
     assert [run["name"] for run in manifest["runs"]] == [job.name for job in jobs]  # plan order: the runs table's
     for run, job in zip(manifest["runs"], jobs):
@@ -193,6 +200,7 @@ def test_the_report_renders_in_a_real_browser(tiny, tmp_path):
         assert (np.abs(pixels - css_color).sum(-1) == 0).sum() > 1000, css_color
 
 
+@pytest.mark.slow  # a resumed reproduction re-checks every run (half a minute): not the report's test
 def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):
     before = {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")}
     assert main(["reproduce", "--scale", "tiny", "--out", str(tiny), "--resume"]) == 0

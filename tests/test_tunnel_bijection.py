@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -209,3 +210,100 @@ def test_repeat_window_draws_recent_sources_at_the_closed_form_rate(window, p_la
     expected = np.array([r * r, r * (1 - r), (1 - r) * r * p_latest, (1 - r) * r * (1 - p_latest), (1 - r) ** 2]) * n
     assert sum(observed) == n
     assert stats.chisquare(observed, expected).pvalue > 1e-4  # fails a true sampler 1 time in 10^4
+
+
+# --- what the analyses read off a bijection sequence, against loops over its tokens -------------
+
+
+def _categories_by_hand(tokens: list[int], queries: list[int], V: int) -> dict[str, list[list[bool]]]:
+    """Each key position t of each query q classified from the definitions, one pair at a time:
+    inputs are tokens < V, each followed by its output; a repeat's evidence is the output of an
+    earlier pair with the same input, otherwise every earlier output is evidence."""
+    out = {name: [] for name in ("evidence", "matching_input", "other_output", "other_input", "self")}
+    for q in queries:
+        matching = [t < q and tokens[t] < V and tokens[t] == tokens[q] for t in range(len(tokens))]
+        repeat = any(matching)
+        evidence = [
+            t < q and tokens[t] >= V and (not repeat or (t >= 1 and matching[t - 1])) for t in range(len(tokens))
+        ]
+        out["evidence"].append(evidence)
+        out["matching_input"].append(matching)
+        out["other_output"].append([t < q and tokens[t] >= V and not evidence[t] for t in range(len(tokens))])
+        out["other_input"].append([t < q and tokens[t] < V and not matching[t] for t in range(len(tokens))])
+        out["self"].append([t == q for t in range(len(tokens))])
+    return out
+
+
+@pytest.mark.parametrize("query", [False, True])
+def test_attention_categories_match_a_pair_by_pair_reading_of_the_tokens(query):
+    tunnel = BijectionTunnel(V=4, L=7, with_replacement=True, query=query)  # 7 draws of 4 inputs: repeats are certain
+    episode = tunnel.sample(6, generator=torch.Generator().manual_seed(3))
+    categories = tunnel.attention_categories(episode)
+    queries = episode.positions.tolist()
+    for b in range(episode.batch_size):
+        expected = _categories_by_hand(episode.tokens[b].tolist(), queries, tunnel.V)
+        for name, mask in expected.items():
+            assert categories[name][b].tolist() == mask, (name, b)
+    assert categories["matching_input"].any() and not categories["matching_input"].all(-1).any()  # repeats and first sightings
+
+
+def test_symbol_hypothesis_and_value_tokens_are_the_inputs_outputs_and_answers_of_the_pairs():
+    tunnel = BijectionTunnel(V=5, query=True)
+    episode = tunnel.sample(8, generator=torch.Generator().manual_seed(4))
+    assert tunnel.symbol_tokens() == ([0, 1, 2, 3, 4], ["x=0", "x=1", "x=2", "x=3", "x=4"])
+    assert tunnel.hypothesis_tokens() == [5, 6, 7, 8, 9]
+    tokens = episode.tokens
+    assert set(tokens[:, 0 : 2 * tunnel.L : 2].unique().tolist()) == set(tunnel.symbol_tokens()[0])  # inputs
+    assert set(tokens[:, 1 : 2 * tunnel.L : 2].unique().tolist()) == set(tunnel.hypothesis_tokens())  # outputs
+    value_at, kept = tunnel.value_positions(episode)
+    # Every input but the final query (the last token, answered by no token) has its output next.
+    assert kept.tolist() == list(range(tunnel.L)) and value_at.tolist() == [2 * k + 1 for k in range(tunnel.L)]
+    assert torch.equal(tokens[:, value_at] - tunnel.V, episode.mapping.gather(1, tokens[:, value_at - 1]))
+    plain = BijectionTunnel(V=5)  # no query: the last input's output is the last token
+    value_at, kept = plain.value_positions(plain.sample(2, generator=torch.Generator().manual_seed(4)))
+    assert kept.tolist() == [0, 1, 2, 3] and value_at.tolist() == [1, 3, 5, 7]
+
+
+def test_a_record_is_the_sequence_read_back_from_its_tokens():
+    tunnel = BijectionTunnel(V=6, L=4, query=True)
+    episode = tunnel.sample(3, generator=torch.Generator().manual_seed(5))
+    for i in range(3):
+        record = json.loads(json.dumps(episode.record(i)))  # JSON-able as it is
+        tokens = episode.tokens[i].tolist()
+        inputs, outputs = tokens[0:8:2], [y - 6 for y in tokens[1:8:2]]
+        assert record["tokens"] == tokens and record["inputs"] == inputs and record["outputs"] == outputs
+        assert [record["mapping"][x] for x in inputs] == outputs and sorted(record["mapping"]) == list(range(6))
+        pair = inputs.index(tokens[8])
+        assert record["query"] == {"input": tokens[8], "output": outputs[pair], "pair": pair}
+        assert record["positions"] == [0, 2, 4, 6, 8] and record["targets"] == outputs + [outputs[pair]]
+    assert "query" not in BijectionTunnel(V=6, L=4).sample(1, generator=torch.Generator().manual_seed(0)).record(0)
+
+
+def test_inputs_with_replacement_and_the_query_pair_are_uniform():
+    tunnel = BijectionTunnel(V=6, L=5, with_replacement=True, query=True)
+    episode = tunnel.sample(6000, generator=torch.Generator().manual_seed(8))
+    inputs = episode.tokens[:, 0:10:2].flatten()
+    assert stats.chisquare(np.bincount(inputs.numpy(), minlength=6)).pvalue > 1e-4  # 30,000 draws, each of 0..5
+    # The query copies a uniformly chosen pair: its input is that pair's input.
+    query_pair = episode.query_index
+    assert stats.chisquare(np.bincount(query_pair.numpy(), minlength=5)).pvalue > 1e-4
+    assert torch.equal(episode.tokens[:, -1], episode.tokens[torch.arange(6000), 2 * query_pair])
+
+
+def test_the_tunnels_repeat_window_reaches_the_repeat_sampler(monkeypatch):
+    """The sampler's law is checked above, on the sampler; here, that sample() gives it the
+    tunnel's rate and window (and calls it only with a rate)."""
+    import windtunnel.tunnels.bijection as bijection
+
+    calls = []
+    real = bijection._repeat_earlier
+
+    def spy(inputs, rate, window, generator):
+        calls.append((rate, window))
+        return real(inputs, rate, window, generator)
+
+    monkeypatch.setattr(bijection, "_repeat_earlier", spy)
+    generator = torch.Generator().manual_seed(0)
+    BijectionTunnel(V=6, L=5, with_replacement=True, repeat_rate=0.3, repeat_window=2).sample(4, generator=generator)
+    BijectionTunnel(V=6, L=5, with_replacement=True).sample(4, generator=generator)
+    assert calls == [(0.3, 2)]

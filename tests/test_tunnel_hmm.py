@@ -453,3 +453,80 @@ def test_long_sequences_stay_normalized_and_finite():
                 # Relative error grows ~linearly with t in both recursions; 1e-9 is ample at t < 2000.
                 np.testing.assert_allclose(episode.posterior[b, t].numpy(), alpha, rtol=0, atol=1e-9)
         assert episode.log_likelihood[b].item() == pytest.approx(loglik, rel=1e-10)
+
+
+# --- what the analyses read off an HMM sequence, against loops over its layout -----------------
+
+
+def test_attention_categories_are_the_header_blocks_and_the_observations_before_each_query():
+    tunnel = HMMTunnel(S=3, M=2, K=5)  # S*S = 9 transition tokens, S*M = 6 emission tokens: the blocks differ in size
+    episode = tunnel.sample(2, generator=torch.Generator().manual_seed(0))
+    categories = tunnel.attention_categories(episode)
+    T = episode.tokens.shape[1]
+    assert T == 9 + 6 + 5
+    for p, q in enumerate(episode.positions.tolist()):
+        assert q >= 15  # every query is an observation
+        expected = {
+            "header_transition": [t < 9 for t in range(T)],
+            "header_emission": [9 <= t < 15 for t in range(T)],
+            "observations": [15 <= t < q for t in range(T)],
+            "self": [t == q for t in range(T)],
+        }
+        for name, mask in expected.items():
+            for b in range(2):
+                assert categories[name][b, p].tolist() == mask, (name, q)
+    assert set(categories) == set(tunnel.category_meanings)
+
+
+def test_observation_symbols_are_the_tokens_after_the_header_and_a_record_reads_the_header_back():
+    tunnel = HMMTunnel(S=3, M=4, K=6, grid=0.05)  # N = 20 grid steps per row
+    episode = tunnel.sample(3, generator=torch.Generator().manual_seed(1))
+    symbols, names = tunnel.symbol_tokens()
+    assert symbols == [21, 22, 23, 24] and names == ["o=0", "o=1", "o=2", "o=3"]  # after the counts 0..20
+    assert torch.equal(episode.tokens[:, tunnel.header_len :] - 21, episode.observations)
+    for i in range(3):
+        record = json.loads(json.dumps(episode.record(i)))
+        counts = episode.tokens[i, : tunnel.header_len].tolist()
+        # The header is counts of 1/20: rows of T then rows of E, each summing to 20.
+        assert record["T"] == [[c / 20 for c in counts[3 * r : 3 * r + 3]] for r in range(3)]
+        assert record["E"] == [[c / 20 for c in counts[9 + 4 * r : 9 + 4 * r + 4]] for r in range(3)]
+        assert record["states"] == episode.states[i].tolist() and record["observations"] == episode.observations[i].tolist()
+        assert record["tokens"] == episode.tokens[i].tolist() and record["positions"] == episode.positions.tolist()
+
+
+def test_ties_are_broken_by_position_in_long_rows_and_any_leading_shape():
+    # 40 entries of 2.5 units: each rounds (half to even) to 2; 80 units, 20 short; all tie, so
+    # the first 20 by position get one. Rows this long are where an unstable sort would reorder ties.
+    uniform = torch.full((2, 3, 40), 1 / 40, dtype=torch.float64)
+    assert round_rows_with_floor(uniform, 100, 1).tolist() == [[[3] * 20 + [2] * 20] * 3] * 2
+    # 40 entries of 1.5 units: each rounds to 2; 80 units, 20 over: the first 20 by position give one back.
+    assert round_rows_with_floor(uniform, 60, 1).tolist() == [[[1] * 20 + [2] * 20] * 3] * 2
+
+
+def test_a_header_is_refused_when_short_negative_or_its_rows_disagree_and_each_sequence_has_its_own_grid():
+    S, M = 2, 3
+    good = torch.tensor([[3, 1, 2, 2, 1, 1, 2, 4, 0, 0], [15, 5, 10, 10, 10, 5, 5, 0, 20, 0]])  # grids of 4 and of 20 steps
+    transition, emission = decode_header(good, S, M)
+    assert transition.tolist() == [[[0.75, 0.25], [0.5, 0.5]], [[0.75, 0.25], [0.5, 0.5]]]
+    assert emission.tolist() == [[[0.25, 0.25, 0.5], [1.0, 0.0, 0.0]], [[0.5, 0.25, 0.25], [0.0, 1.0, 0.0]]]
+    with pytest.raises(ValueError, match=r"^not an HMM header: need 10 non-negative count tokens$"):
+        decode_header(good[:, :9], S, M)
+    negative = good.clone()
+    negative[0, 0], negative[0, 1] = 5, -1  # the row still sums to 4
+    with pytest.raises(ValueError, match=r"^not an HMM header: need 10 non-negative count tokens$"):
+        decode_header(negative, S, M)
+    for bad_entry in (1, 6):  # a transition row, then an emission row, off by one step
+        bad = good.clone()
+        bad[1, bad_entry] += 1
+        with pytest.raises(ValueError, match=r"^not an HMM header: every row must sum to the same number of grid steps$"):
+            decode_header(bad, S, M)
+    tunnel = HMMTunnel(S=2, M=3, grid=0.25)
+    with pytest.raises(ValueError, match=r"^not a header of this tunnel: rows must sum to 1/grid = 4 steps$"):
+        tunnel.decode_header(good)  # the second sequence's grid is 20 steps
+    assert torch.equal(tunnel.decode_header(good[:1])[0], transition[:1])
+
+
+def test_the_sequence_length_is_the_header_and_the_observations():
+    tunnel = HMMTunnel(S=3, M=4, K=7)
+    assert tunnel.seq_len() == 9 + 12 + 7 and tunnel.seq_len(20) == 9 + 12 + 20
+    assert tunnel.sample(2, generator=torch.Generator().manual_seed(0)).tokens.shape == (2, tunnel.seq_len())

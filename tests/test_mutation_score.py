@@ -1,0 +1,68 @@
+"""tools/mutation_score.py: which surviving mutants it leaves out of the score (a prose rewrite
+of a string, a listed equivalent) and the score it computes, on hand-written mutants."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("mutation_score", Path(__file__).parent.parent / "tools" / "mutation_score.py")
+mutation_score = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mutation_score)
+
+
+def _function(source: str) -> ast.AST:
+    return ast.parse(source).body[0]
+
+
+ORIGINAL = 'def f__mutmut_orig(x):\n    raise ValueError(f"x={x} is out of range")\n'
+
+
+@pytest.mark.parametrize(
+    "mutant, text_only",
+    [
+        ('def f__mutmut_1(x):\n    raise ValueError(f"XXx=XX{x}XX is out of rangeXX")\n', True),  # mutmut's "XX" rewrite
+        ('def f__mutmut_2(x):\n    raise ValueError(f"X={x} IS OUT OF RANGE")\n', True),  # case
+        ('def f__mutmut_3(x):\n    raise ValueError(None)\n', False),  # the message dropped: a change of structure
+        ('def f__mutmut_4(x):\n    raise TypeError(f"x={x} is out of range")\n', False),  # another exception
+        ('def f__mutmut_5(x):\n    raise ValueError(f"x={x} is out of rang")\n', False),  # not a prose rewrite
+        ('def f__mutmut_6(x):\n    raise ValueError(f"x={x} is out of range")\n', False),  # no change at all
+    ],
+)
+def test_a_mutant_changes_only_text_when_its_strings_alone_are_rewritten_as_prose(mutant, text_only):
+    assert mutation_score.changes_only_text(_function(ORIGINAL), _function(mutant)) is text_only
+
+
+def test_a_changed_number_key_or_operator_is_behaviour():
+    original = _function('def g__mutmut_orig(d):\n    return d["n"] + 1\n')
+    for mutant in ('d["n"] - 1', 'd["n"] + 2', 'd["XXnXX"] + 1'):
+        changed = mutation_score.changes_only_text(original, _function(f"def g__mutmut_1(d):\n    return {mutant}\n"))
+        # A dictionary key is a string too: its rewrite is counted as text, the arithmetic is not.
+        assert changed is (mutant == 'd["XXnXX"] + 1'), mutant
+
+
+def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
+    mutants = [
+        {"name": "windtunnel.metrics.x_a__mutmut_1", "status": "killed", "text_only": False},
+        {"name": "windtunnel.metrics.x_a__mutmut_2", "status": "killed", "text_only": False},
+        {"name": "windtunnel.metrics.x_a__mutmut_3", "status": "killed", "text_only": False},
+        {"name": "windtunnel.metrics.x_a__mutmut_4", "status": "survived", "text_only": False},
+        {"name": "windtunnel.metrics.x_a__mutmut_5", "status": "no tests", "text_only": False},
+        {"name": "windtunnel.metrics.x_a__mutmut_6", "status": "survived", "text_only": True},
+        {"name": "windtunnel.metrics.x_a__mutmut_7", "status": "survived", "text_only": False},
+        {"name": "windtunnel.evaluation.x_b__mutmut_1", "status": "killed", "text_only": False},
+        {"name": "windtunnel.report.figures.geometry.x_c__mutmut_1", "status": "survived", "text_only": False},
+        {"name": "windtunnel.report.build.x_d__mutmut_1", "status": "killed", "text_only": False},
+    ]
+    result = mutation_score.score(mutants, {"windtunnel.metrics.x_a__mutmut_7": "equivalent, by hand"})
+    metrics = result["metrics.py"]
+    assert (metrics["mutants"], metrics["killed"], metrics["survived"], metrics["no_tests"]) == (7, 3, 3, 1)
+    assert (metrics["text_only_survivors"], metrics["equivalent"], metrics["scored"]) == (1, 1, 5)
+    assert metrics["score"] == 0.6 and metrics["survivors"] == ["windtunnel.metrics.x_a__mutmut_4", "windtunnel.metrics.x_a__mutmut_5"]
+    assert result["evaluation.py"]["score"] == 1.0 and "tunnels/" not in result
+    # a figure's mutant counts on the figures' row alone, not on the rest of the report's
+    assert result["report/figures/"]["mutants"] == 1 and result["report/figures/"]["score"] == 0.0
+    assert result["report/ (criteria, tables, text)"]["mutants"] == 1 and result["report/ (criteria, tables, text)"]["score"] == 1.0

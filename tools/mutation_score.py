@@ -1,0 +1,215 @@
+"""The mutation score per package, from the results mutmut left in ``mutants/`` (``make mutate``).
+
+Prints JSON: for each package, how many mutants were killed, survived, or reached by no test,
+how many survivors change only the text of a message or caption, how many are listed as
+equivalent in ``tools/mutation_equivalent.toml`` (each with its reason), and the score:
+
+    score = killed / (killed + survived + no tests), over the mutants that change behaviour
+
+where a mutant "changes only text" when its function's syntax tree differs from the original's
+in string constants alone, each rewritten the way mutmut rewrites prose ("XX" around it, or its
+case changed). Such survivors are counted and listed, not scored: a test that pinned every
+caption's wording would test the wording, not the toolkit. A timeout counts as killed (the
+mutant made the tests hang), as mutmut itself counts it.
+
+    python tools/mutation_score.py [--survivors] [--markdown] [--save results/mutation/score.json]
+
+``--survivors`` lists every scored survivor by name; ``--markdown`` prints the table the
+README shows instead of JSON; ``--save`` also writes the scores with their provenance (the
+command, the processor, the commit, mutmut's version) for the README's table. mutmut numbers a function's mutants in the order it
+generates them, so an equivalent listed by name stays valid until that function changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import importlib.metadata
+import json
+import platform
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "tools" / "mutation_equivalent.toml"
+
+#: The packages the README scores, by the module-name prefix of their mutants (a prefix that
+#: is scored on its own row is left out of its parent's). The figures are a row of their own:
+#: most of their mutants change how a plot looks (a colour, a font size), not what it shows.
+PACKAGES = {
+    "report/ (criteria, tables, text)": "windtunnel.report.",
+    "report/figures/": "windtunnel.report.figures.",
+    "evaluation.py": "windtunnel.evaluation.",
+    "metrics.py": "windtunnel.metrics.",
+    "tunnels/": "windtunnel.tunnels.",
+    "analysis/": "windtunnel.analysis.",
+    "training/ (checkpoints, trainer)": "windtunnel.training.",
+}
+
+
+def package_of(name: str) -> str | None:
+    """The row a mutant counts in: the longest prefix it starts with."""
+    found = [package for package, prefix in PACKAGES.items() if name.startswith(prefix)]
+    return max(found, key=lambda package: len(PACKAGES[package])) if found else None
+
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs.
+KILLED = {1, 3, 36, -24, 24, 152, 255, 37, -11, -9}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def _functions(tree: ast.AST) -> dict[str, ast.AST]:
+    return {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _text_rewrite(original: object, mutant: object) -> bool:
+    return (
+        isinstance(original, str)
+        and isinstance(mutant, str)
+        and mutant in {f"XX{original}XX", original.upper(), original.lower()}
+        and mutant != original
+    )
+
+
+def changes_only_text(original: ast.AST, mutant: ast.AST) -> bool:
+    """True if the two function trees differ in string constants alone, each a prose rewrite."""
+    a, b = list(ast.walk(original)), list(ast.walk(mutant))
+    if len(a) != len(b):
+        return False
+    changed = False
+    for x, y in zip(a, b):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, ast.Constant):
+            if x.value != y.value or type(x.value) is not type(y.value):
+                if not _text_rewrite(x.value, y.value):
+                    return False
+                changed = True
+        elif isinstance(x, ast.FunctionDef):
+            continue  # the names differ by construction (__mutmut_orig / __mutmut_N)
+        else:
+            fields = [f for f in x._fields if not isinstance(getattr(x, f), (ast.AST, list))]
+            if any(getattr(x, f) != getattr(y, f) for f in fields):
+                return False
+    return changed
+
+
+def collect(folders: list[Path]) -> list[dict[str, str]]:
+    """Every mutant in mutmut's ``mutants/`` folders: its name, its status, and whether it changes only text."""
+    mutants = []
+    for meta in sorted(m for folder in folders for m in (folder / "src").rglob("*.py.meta")):
+        exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+        source = meta.with_suffix("")  # x.py.meta -> x.py
+        functions = _functions(ast.parse(source.read_text()))
+        for name, code in exit_codes.items():
+            function = name.rsplit(".", 1)[1]
+            original = functions.get(function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+            if code in KILLED:
+                status = "killed"
+            elif code in SURVIVED:
+                status = "survived"
+            elif code in NO_TESTS:
+                status = "no tests"
+            elif code is None:
+                status = "not checked"
+            else:
+                status = "other"
+            text = status in ("survived", "no tests") and original is not None and changes_only_text(original, functions[function])
+            mutants.append({"name": name, "status": status, "text_only": text})
+    return mutants
+
+
+def score(mutants: list[dict[str, str]], equivalent: dict[str, str]) -> dict[str, dict]:
+    result = {}
+    for package in PACKAGES:
+        mine = [m for m in mutants if package_of(m["name"]) == package]
+        if not mine:
+            continue
+        counts = Counter(m["status"] for m in mine)
+        scored = [m for m in mine if not m["text_only"] and m["name"] not in equivalent and m["status"] in ("killed", "survived", "no tests")]
+        killed = sum(m["status"] == "killed" for m in scored)
+        result[package] = {
+            "mutants": len(mine),
+            "killed": counts["killed"],
+            "survived": counts["survived"],
+            "no_tests": counts["no tests"],
+            "not_checked": counts["not checked"],
+            "text_only_survivors": sum(m["text_only"] for m in mine),
+            "equivalent": sum(m["name"] in equivalent and m["status"] != "killed" for m in mine),
+            "scored": len(scored),
+            "score": round(killed / len(scored), 3) if scored else None,
+            "survivors": sorted(m["name"] for m in scored if m["status"] != "killed"),
+        }
+    return result
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(command: str) -> dict[str, str]:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    return {
+        "command": command,
+        "processor": _processor(),
+        "commit": commit or "unknown",
+        "mutmut": importlib.metadata.version("mutmut"),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def print_table(result: dict[str, dict]) -> None:
+    print("| package | mutants | killed | survived | no tests | text only | equivalent | score |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for package, r in result.items():
+        pct = "–" if r["score"] is None else f"{r['score']:.0%}"
+        print(f"| `{package}` | {r['mutants']} | {r['killed']} | {r['survived']} | {r['no_tests']} | "
+              f"{r['text_only_survivors']} | {r['equivalent']} | {pct} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--survivors", action="store_true", help="list every scored survivor by name")
+    parser.add_argument("--markdown", action="store_true", help="print the README's table instead of JSON")
+    parser.add_argument("--save", type=Path, help="also write the scores and their provenance to this JSON file")
+    parser.add_argument("--mutants", type=Path, action="append", help="a mutmut mutants/ folder (repeatable; default: ./mutants)")
+    parser.add_argument("--command", default="make mutate", help="what produced the results, for the provenance")
+    parser.add_argument("--table-from", type=Path, help="print the README's table from a file --save wrote (no mutmut results needed)")
+    args = parser.parse_args(argv)
+    if args.table_from:
+        print_table(json.loads(args.table_from.read_text())["packages"])
+        return 0
+    folders = args.mutants or [ROOT / "mutants"]
+    missing = [str(f) for f in folders if not (f / "src").is_dir()]
+    if missing:
+        print(f"error: no mutmut results in {', '.join(missing)}: run `make mutate` first", file=sys.stderr)
+        return 2
+    equivalent = tomllib.loads(EQUIVALENT.read_text()).get("equivalent", {}) if EQUIVALENT.is_file() else {}
+    result = score(collect(folders), equivalent)
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        saved = {"provenance": provenance(args.command), "packages": result}
+        args.save.write_text(json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
+    if args.markdown:
+        print_table(result)
+        return 0
+    if not args.survivors:
+        for r in result.values():
+            r["survivors"] = len(r["survivors"])
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
