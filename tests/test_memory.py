@@ -26,6 +26,8 @@ def _held_bytes(episode) -> int:
         ("bijection", ["V=10", "query=true"], 32, 7),
         ("hmm", [], 64, None),
         ("hmm", ["S=8", "M=3", "K=40"], 16, 90),
+        ("assoc_recall", [], 64, None),
+        ("assoc_recall", ["n_pairs=3", "key_vocab=5", "value_vocab=9", "n_queries=6", "n_filler=2"], 16, 2),
     ],
 )
 def test_a_draw_holds_at_least_the_estimate_and_not_far_more(name, overrides, batch, horizon):

@@ -38,10 +38,15 @@ def test_a_mutant_changes_only_text_when_its_strings_alone_are_rewritten_as_pros
 
 def test_a_changed_number_key_or_operator_is_behaviour():
     original = _function('def g__mutmut_orig(d):\n    return d["n"] + 1\n')
-    for mutant in ('d["n"] - 1', 'd["n"] + 2', 'd["XXnXX"] + 1'):
-        changed = mutation_score.changes_only_text(original, _function(f"def g__mutmut_1(d):\n    return {mutant}\n"))
-        # A dictionary key is a string too: its rewrite is counted as text, the arithmetic is not.
-        assert changed is (mutant == 'd["XXnXX"] + 1'), mutant
+    for mutant in ('d["n"] - 1', 'd["n"] + 2', 'd["XXnXX"] + 1', 'd["N"] + 1'):
+        # A dictionary key is a string too, but no prose: its rewrite reads another key.
+        assert not mutation_score.changes_only_text(original, _function(f"def g__mutmut_1(d):\n    return {mutant}\n")), mutant
+
+
+def test_one_part_of_an_implicitly_joined_caption_rewritten_is_text():
+    original = _function('def h__mutmut_orig():\n    return ("Bits from the exact posterior. " "The same criterion.")\n')
+    mutant = _function('def h__mutmut_1():\n    return ("Bits from the exact posterior. " "XXThe same criterion.XX")\n')
+    assert mutation_score.changes_only_text(original, mutant)
 
 
 def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
@@ -65,4 +70,18 @@ def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
     assert result["evaluation.py"]["score"] == 1.0 and "tunnels/" not in result
     # a figure's mutant counts on the figures' row alone, not on the rest of the report's
     assert result["report/figures/"]["mutants"] == 1 and result["report/figures/"]["score"] == 0.0
-    assert result["report/ (criteria, tables, text)"]["mutants"] == 1 and result["report/ (criteria, tables, text)"]["score"] == 1.0
+    assert result["report/ tables and page"]["mutants"] == 1 and result["report/ tables and page"]["score"] == 1.0
+
+
+def test_a_sampled_score_carries_the_wilson_interval_of_its_proportion():
+    # 235 of 300: the Wilson 95% interval, by the closed form (scipy's binomtest gives the same).
+    from scipy import stats
+
+    low, high = mutation_score.wilson_interval(235, 300)
+    expected = stats.binomtest(235, 300).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (low, high) == (round(expected.low, 3), round(expected.high, 3))
+    mutants = [{"name": f"windtunnel.metrics.x_a__mutmut_{i}", "status": s, "text_only": False}
+               for i, s in enumerate(["killed"] * 3 + ["survived", "not checked"])]
+    result = mutation_score.score(mutants, {})["metrics.py"]
+    assert result["score"] == 0.75 and result["score_interval"] == mutation_score.wilson_interval(3, 4)
+    assert mutation_score.score(mutants[:4], {})["metrics.py"]["score_interval"] is None  # every mutant ran: no estimate

@@ -360,3 +360,43 @@ def test_browser_renders_the_page_with_its_embedded_figure(built, tmp_path):
     assert red.sum() >= 0.95 * 600 * 300  # the 600x300 red figure, at its natural size
     rows, cols = np.nonzero(red)
     assert (rows.max() - rows.min() + 1, cols.max() - cols.min() + 1) == (300, 600)
+
+
+def test_a_run_stopped_by_its_time_limit_says_how_far_it_got_and_where_it_trained(tmp_path):
+    """The runs table's steps and trained-on cells, from a run's records and provenance file."""
+    from windtunnel.provenance import append_start
+    from windtunnel.report.build import _steps_cell, _trained_on_cell
+
+    assert _steps_cell(100_000, [{"step": 100_000, "loss": 0.1}]) == 100_000
+    assert _steps_cell(100_000, [{"step": 21_830, "stopped": "time_limit"}]) == "21,830 of 100,000 (time limit)"
+    assert _steps_cell(100_000, []) == 100_000
+    assert _trained_on_cell(tmp_path) is None  # no provenance: nothing to say
+    append_start(tmp_path, {"device_name": "NVIDIA H200", "precision": "bf16", "steps_per_s_median": 62.14, "torch": "2.13.0"})
+    assert _trained_on_cell(tmp_path) == "NVIDIA H200, bf16, 62.1 steps/s, torch 2.13.0"
+    append_start(tmp_path, {"device_name": "AMD EPYC"})  # the last start is the one shown; unknowns read "?"
+    assert _trained_on_cell(tmp_path) == "AMD EPYC, ?, torch ?"
+
+
+def test_a_verdict_cell_is_mixed_exactly_when_its_seeds_disagree():
+    from windtunnel.report.html import _verdict_class
+
+    assert _verdict_class("yes; 3 of 3 seeds hold") == "yes" and _verdict_class("no; 0 of 2 seeds hold") == "no"
+    assert _verdict_class("no; 1 of 3 seeds holds") == "mixed" and _verdict_class("yes; 2 of 3 seeds hold") == "mixed"
+    assert _verdict_class("n/a") == "na" and _verdict_class("12 bits") is None
+
+
+def test_figure_titles_end_with_a_stop_before_a_caption_and_section_ids_avoid_the_figure_and_table_anchors():
+    from windtunnel.report.html import Report, Section, _section_ids, _titled
+
+    assert _titled("Fig 4:  the heads", "A caption.") == "Fig 4: the heads."
+    assert _titled("Fig 4: the heads?", "A caption.") == "Fig 4: the heads?" and _titled("Fig 4", "") == "Fig 4"
+    assert _titled("A.b", "caption") == "A.b."  # only the last character counts
+    report = Report("t", "s", [Section("Table 1"), Section("Figure 2"), Section("Table 1"), Section("!!")])
+    assert _section_ids(report) == ["table-1-2", "figure-2-2", "table-1-3", "section-4"]
+
+
+def test_markdown_lines_that_would_start_a_list_or_an_underline_are_escaped():
+    from windtunnel.report.html import _md_line_start
+
+    assert [_md_line_start(t) for t in ("- a", "+ b", "= c", "1. d", "2) e", "x - y")] == [
+        "\\- a", "\\+ b", "\\= c", "1\\. d", "2\\) e", "x - y"]

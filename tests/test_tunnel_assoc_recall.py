@@ -120,3 +120,36 @@ def test_a_transformer_trains_on_it_and_every_analysis_that_applies_runs(tmp_pat
     assert sharpening["categories"] == list(AssocRecallTunnel.category_meanings)
     keys = json.loads((tmp_path / "run" / "analysis" / "key_orthogonality.json").read_text())
     assert keys["token_values"] == list(range(6)) and "normalized_output_keys_abs" in keys["measures"]
+
+
+def test_queries_pick_stored_slots_and_unstored_keys_uniformly_and_independently_per_sequence():
+    """Where each query lands, read from the tokens: a stored query's key is one of the stored
+    pairs, each slot with probability 1/n_pairs; an unstored one is one of the other keys, each
+    with probability 1/(key_vocab - n_pairs); and each sequence draws its own (chi-square, 1e-4)."""
+    import numpy as np
+    from scipy import stats
+
+    tunnel = AssocRecallTunnel(n_pairs=4, key_vocab=10, value_vocab=11, n_queries=3, n_filler=0, p_stored=0.5)
+    episode = tunnel.sample(4000, generator=torch.Generator().manual_seed(9))
+    tokens = episode.tokens
+    keys = tokens[:, 0 : 2 * 4 : 2]  # [B, n_pairs] the stored keys, in slot order
+    first_query = tokens[:, 8]
+    slot = (keys == first_query[:, None]).float().argmax(1)
+    stored = (keys == first_query[:, None]).any(1)
+    assert abs(stored.float().mean().item() - 0.5) < 0.03  # p_stored; 0.03 is 3.8 standard errors of 4000 draws
+    assert stats.chisquare(np.bincount(slot[stored].numpy(), minlength=4)).pvalue > 1e-4
+    unstored_keys = first_query[~stored].numpy()
+    counts = np.bincount(unstored_keys, minlength=10)
+    # Which keys are unstored differs per sequence; by symmetry each key is queried equally often.
+    assert stats.chisquare(counts).pvalue > 1e-4
+    # Unstored: the uniform posterior over the values no stored key holds, 1/(11 - 4) to the last
+    # float64 bit (1/7 is not exact in float32: a float32 step anywhere would show).
+    posterior = episode.posterior[~stored, 0]
+    assert posterior.dtype == torch.float64
+    assert set(posterior[posterior > 0].unique().tolist()) == {1 / 7}
+
+
+def test_the_prior_is_uniform_over_the_values_in_float64():
+    tunnel = AssocRecallTunnel(key_vocab=4, n_pairs=2, value_vocab=7)
+    prior = tunnel.prior_predictive(3)
+    assert prior.dtype == torch.float64 and prior.shape == (3, 7) and set(prior.flatten().tolist()) == {1 / 7}

@@ -269,6 +269,8 @@ def test_a_record_is_the_sequence_read_back_from_its_tokens():
     episode = tunnel.sample(3, generator=torch.Generator().manual_seed(5))
     for i in range(3):
         record = json.loads(json.dumps(episode.record(i)))  # JSON-able as it is
+        assert set(record) == {"tokens", "positions", "targets", "posterior", "entropy_bits", "mapping", "inputs", "outputs", "query"}
+        assert record["entropy_bits"] == episode.entropy_bits[i].tolist() and record["posterior"] == episode.posterior[i].tolist()
         tokens = episode.tokens[i].tolist()
         inputs, outputs = tokens[0:8:2], [y - 6 for y in tokens[1:8:2]]
         assert record["tokens"] == tokens and record["inputs"] == inputs and record["outputs"] == outputs

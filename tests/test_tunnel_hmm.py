@@ -501,6 +501,8 @@ def test_ties_are_broken_by_position_in_long_rows_and_any_leading_shape():
     assert round_rows_with_floor(uniform, 100, 1).tolist() == [[[3] * 20 + [2] * 20] * 3] * 2
     # 40 entries of 1.5 units: each rounds to 2; 80 units, 20 over: the first 20 by position give one back.
     assert round_rows_with_floor(uniform, 60, 1).tolist() == [[[1] * 20 + [2] * 20] * 3] * 2
+    # Largest remainders: 2.5 units each, floored to 2, 20 missing; equal remainders go by position too.
+    assert quantize_rows(uniform, 100).tolist() == [[[3] * 20 + [2] * 20] * 3] * 2
 
 
 def test_a_header_is_refused_when_short_negative_or_its_rows_disagree_and_each_sequence_has_its_own_grid():

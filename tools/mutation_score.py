@@ -7,8 +7,8 @@ equivalent in ``tools/mutation_equivalent.toml`` (each with its reason), and the
     score = killed / (killed + survived + no tests), over the mutants that change behaviour
 
 where a mutant "changes only text" when its function's syntax tree differs from the original's
-in string constants alone, each rewritten the way mutmut rewrites prose ("XX" around it, or its
-case changed). Such survivors are counted and listed, not scored: a test that pinned every
+in prose string constants alone (strings with a space: messages, captions; a key or a name is
+behaviour), each rewritten the way mutmut rewrites text ("XX" around it, or its case changed). Such survivors are counted and listed, not scored: a test that pinned every
 caption's wording would test the wording, not the toolkit. A timeout counts as killed (the
 mutant made the tests hang), as mutmut itself counts it.
 
@@ -27,6 +27,7 @@ import ast
 import datetime
 import importlib.metadata
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -41,7 +42,8 @@ EQUIVALENT = ROOT / "tools" / "mutation_equivalent.toml"
 #: is scored on its own row is left out of its parent's). The figures are a row of their own:
 #: most of their mutants change how a plot looks (a colour, a font size), not what it shows.
 PACKAGES = {
-    "report/ (criteria, tables, text)": "windtunnel.report.",
+    "report/ criteria (claim*.py)": "windtunnel.report.claim",
+    "report/ tables and page": "windtunnel.report.",
     "report/figures/": "windtunnel.report.figures.",
     "evaluation.py": "windtunnel.evaluation.",
     "metrics.py": "windtunnel.metrics.",
@@ -67,27 +69,42 @@ def _functions(tree: ast.AST) -> dict[str, ast.AST]:
     return {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def _text_rewrite(original: object, mutant: object) -> bool:
-    return (
-        isinstance(original, str)
-        and isinstance(mutant, str)
-        and mutant in {f"XX{original}XX", original.upper(), original.lower()}
-        and mutant != original
-    )
+def _text_rewrite(original: object, mutant: object, *, prose: bool) -> bool:
+    """A prose string (a message, a caption; not a key or a name) rewritten as mutmut rewrites
+    text: "XX" around it or around one of its implicitly joined parts, or its case changed."""
+    if not (isinstance(original, str) and isinstance(mutant, str)) or mutant == original or not prose:
+        return False
+    wrapped = "XX" not in original and mutant.replace("XX", "") == original
+    return wrapped or mutant.lower() == original.lower()
+
+
+def _prose_constants(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are prose: those with a space, and every literal part of
+    an f-string whose literal parts hold one (``f"x={x} is out of range"``'s ``"x="`` too)."""
+    prose = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = [v for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            if " " in "".join(p.value for p in parts):
+                prose |= {id(p) for p in parts}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " in node.value:
+            prose.add(id(node))
+    return prose
 
 
 def changes_only_text(original: ast.AST, mutant: ast.AST) -> bool:
-    """True if the two function trees differ in string constants alone, each a prose rewrite."""
+    """True if the two function trees differ in prose string constants alone, each a text rewrite."""
     a, b = list(ast.walk(original)), list(ast.walk(mutant))
     if len(a) != len(b):
         return False
+    prose = _prose_constants(original)
     changed = False
     for x, y in zip(a, b):
         if type(x) is not type(y):
             return False
         if isinstance(x, ast.Constant):
             if x.value != y.value or type(x.value) is not type(y.value):
-                if not _text_rewrite(x.value, y.value):
+                if not _text_rewrite(x.value, y.value, prose=id(x) in prose):
                     return False
                 changed = True
         elif isinstance(x, ast.FunctionDef):
@@ -100,28 +117,41 @@ def changes_only_text(original: ast.AST, mutant: ast.AST) -> bool:
 
 
 def collect(folders: list[Path]) -> list[dict[str, str]]:
-    """Every mutant in mutmut's ``mutants/`` folders: its name, its status, and whether it changes only text."""
-    mutants = []
-    for meta in sorted(m for folder in folders for m in (folder / "src").rglob("*.py.meta")):
-        exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
-        source = meta.with_suffix("")  # x.py.meta -> x.py
-        functions = _functions(ast.parse(source.read_text()))
-        for name, code in exit_codes.items():
-            function = name.rsplit(".", 1)[1]
-            original = functions.get(function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
-            if code in KILLED:
-                status = "killed"
-            elif code in SURVIVED:
-                status = "survived"
-            elif code in NO_TESTS:
-                status = "no tests"
-            elif code is None:
-                status = "not checked"
-            else:
-                status = "other"
-            text = status in ("survived", "no tests") and original is not None and changes_only_text(original, functions[function])
-            mutants.append({"name": name, "status": status, "text_only": text})
-    return mutants
+    """Every mutant in mutmut's ``mutants/`` folders: its name, its status, and whether it changes
+    only text. A mutant run in a later folder (a rerun of survivors after new tests) replaces its
+    result from an earlier one."""
+    mutants: dict[str, dict] = {}
+    for folder in folders:
+        for meta in sorted((folder / "src").rglob("*.py.meta")):
+            exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+            source = meta.with_suffix("")  # x.py.meta -> x.py
+            functions = _functions(ast.parse(source.read_text()))
+            for name, code in exit_codes.items():
+                if code is None and name in mutants:
+                    continue  # not run here: the earlier folder's result stands
+                function = name.rsplit(".", 1)[1]
+                original = functions.get(function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig")
+                if code in KILLED:
+                    status = "killed"
+                elif code in SURVIVED:
+                    status = "survived"
+                elif code in NO_TESTS:
+                    status = "no tests"
+                elif code is None:
+                    status = "not checked"
+                else:
+                    status = "other"
+                text = status in ("survived", "no tests") and original is not None and changes_only_text(original, functions[function])
+                mutants[name] = {"name": name, "status": status, "text_only": text}
+    return list(mutants.values())
+
+
+def wilson_interval(killed: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson interval of a proportion: the score of a random sample of mutants."""
+    p = killed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(centre - half, 3), round(centre + half, 3)]
 
 
 def score(mutants: list[dict[str, str]], equivalent: dict[str, str]) -> dict[str, dict]:
@@ -143,6 +173,8 @@ def score(mutants: list[dict[str, str]], equivalent: dict[str, str]) -> dict[str
             "equivalent": sum(m["name"] in equivalent and m["status"] != "killed" for m in mine),
             "scored": len(scored),
             "score": round(killed / len(scored), 3) if scored else None,
+            # Where only a random sample of the mutants ran (make mutate ONLY=...), the score is an estimate.
+            "score_interval": wilson_interval(killed, len(scored)) if scored and counts["not checked"] else None,
             "survivors": sorted(m["name"] for m in scored if m["status"] != "killed"),
         }
     return result
@@ -170,11 +202,15 @@ def provenance(command: str) -> dict[str, str]:
 
 
 def print_table(result: dict[str, dict]) -> None:
-    print("| package | mutants | killed | survived | no tests | text only | equivalent | score |")
+    print("| package | mutants (run) | killed | survived | no tests | text only | equivalent | score |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for package, r in result.items():
-        pct = "–" if r["score"] is None else f"{r['score']:.0%}"
-        print(f"| `{package}` | {r['mutants']} | {r['killed']} | {r['survived']} | {r['no_tests']} | "
+        run = r["mutants"] - r["not_checked"]
+        pct = "not run" if r["score"] is None else f"{r['score']:.0%}"
+        if r.get("score_interval"):
+            low, high = r["score_interval"]
+            pct += f" (sample; 95% CI {low:.0%}–{high:.0%})"
+        print(f"| `{package}` | {r['mutants']} ({run}) | {r['killed']} | {r['survived']} | {r['no_tests']} | "
               f"{r['text_only_survivors']} | {r['equivalent']} | {pct} |")
 
 
@@ -185,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", type=Path, help="also write the scores and their provenance to this JSON file")
     parser.add_argument("--mutants", type=Path, action="append", help="a mutmut mutants/ folder (repeatable; default: ./mutants)")
     parser.add_argument("--command", default="make mutate", help="what produced the results, for the provenance")
+    parser.add_argument("--sample", type=Path, help="count only the mutants named in this file (one per line): a random sample's")
     parser.add_argument("--table-from", type=Path, help="print the README's table from a file --save wrote (no mutmut results needed)")
     args = parser.parse_args(argv)
     if args.table_from:
@@ -196,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no mutmut results in {', '.join(missing)}: run `make mutate` first", file=sys.stderr)
         return 2
     equivalent = tomllib.loads(EQUIVALENT.read_text()).get("equivalent", {}) if EQUIVALENT.is_file() else {}
-    result = score(collect(folders), equivalent)
+    mutants = collect(folders)
+    if args.sample:
+        named = set(args.sample.read_text().split())
+        mutants = [m if m["name"] in named else {**m, "status": "not checked", "text_only": False} for m in mutants]
+    result = score(mutants, equivalent)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         saved = {"provenance": provenance(args.command), "packages": result}

@@ -142,9 +142,10 @@ class AssocRecallTunnel:
 
     def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
         """What the episode returned keeps: the float64 posteriors ``[B, Q, value_vocab]`` and
-        entropies, the int64 tokens, targets, mapping, keys, values and queries."""
+        entropies, the int64 tokens, targets, mapping, keys, values and queries, and the bool
+        ``stored`` (one byte each)."""
         Q = self.n_queries if horizon is None else horizon
-        return batch_size * 8 * (Q * (self.value_vocab + 4) + self.seq_len(horizon) + self.key_vocab + 2 * self.n_pairs)
+        return batch_size * (8 * (Q * (self.value_vocab + 3) + self.seq_len(horizon) + self.key_vocab + 2 * self.n_pairs) + Q)
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> AssocRecallEpisode:
         """Draw ``batch_size`` injections and one sequence of ``horizon`` queries from each."""
