@@ -39,8 +39,9 @@ test: install
 # The report's tests read a tiny reproduction built once, first, by the unmutated code (2 minutes).
 mutate: install
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[mutate]'
-	rm -rf .mutate-tiny && $(BIN)/windtunnel reproduce --scale tiny --out .mutate-tiny > /dev/null
-	WINDTUNNEL_TINY_REPRODUCTION=$(CURDIR)/.mutate-tiny $(BIN)/mutmut run --max-children $$(nproc) $(ONLY)
+	rm -rf .mutate-tiny && $(BIN)/windtunnel reproduce --scale tiny --out $(CURDIR)/.mutate-tiny > /dev/null
+	# One thread per mutant: a forked test process whose parent had started OpenMP threads hangs.
+	OMP_NUM_THREADS=1 WINDTUNNEL_TINY_REPRODUCTION=$(CURDIR)/.mutate-tiny $(BIN)/mutmut run --max-children $$(nproc) $(ONLY)
 	$(BIN)/python tools/mutation_score.py
 
 bench: install

@@ -572,6 +572,9 @@ def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_d
     assert seeds[1] == "n/a" and seeds[6] == "n/a"
     waiting = {row[0]: row for row in claims_table(trained, initial, "paper", pending=True).rows}[BY_KEY["seeds"].claim]
     assert waiting[1] == NOT_YET_RUN and waiting[4] == NOT_YET_RUN and waiting[6] == NOT_YET_RUN
+    waiting_words = f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet."
+    assert claims_table(trained, initial, "paper", pending=True).caption.endswith(waiting_words)
+    assert waiting_words not in table.caption
     # Another scale's verdicts beside: a column of its own, after ours.
     beside = claims_table(trained, initial, "paper", beside=("cpu", {**_bijection_results(0.5), **_hmm_results(0.001)}))
     assert beside.columns[2] == "holds at cpu scale?"
@@ -700,3 +703,87 @@ def test_each_measure_writes_its_numbers_into_the_table_text_as_the_table_shows_
     for key, name in (("late_attention", "late_attention"), ("layer_ablation", "layer_ablation"), ("seeds", "seeds")):
         with pytest.raises(MissingResult, match=f"^{name}$"):
             BY_KEY[key].measure({})
+
+
+def test_per_seed_verdicts_need_two_seeds_and_take_every_seed_from_two_on():
+    """no_break and relabeling split the seeds only from two runs on (one run is the median
+    itself), and then every run is judged: one, two and three runs."""
+
+    def generalization_seed(ratio):
+        return {"beyond": {"kl_bits": {"within_training": 0.002, "beyond_training": 0.05,
+                                        "boundary": {"step": 0.01, "largest_neighbor_step": 0.01 / ratio, "ratio": ratio}}}}
+
+    def relabel_run(before):
+        return {"delta_mae_bits": 0.001, "delta_mae_bits_ci": [-0.001, 0.003], "mae_bits_before": before, "mae_bits_prior": 0.55,
+                "delta_kl_bits": 0.0, "delta_kl_bits_ci": [0.0, 0.0], "kl_bits_before": 0.002}
+
+    for n in (1, 2, 3):
+        result = generalization(1.5, 0.004, 0.05)
+        result["horizons"]["50"]["per_run"] = [generalization_seed(1.0 + s) for s in range(n)]
+        got = verdicts({"hmm_transformer": {"length_generalization": result}})["no_break"]
+        assert [v["boundary_ratio"] for v in got.measured.per_seed] == ([] if n == 1 else [1.0 + s for s in range(n)])
+        relabeled = {"relative_change": 0.01, "per_run": [relabel_run(0.02) for _ in range(n)]}
+        got = verdicts({"hmm_transformer": {"relabeling": relabeled}})["relabeling"]
+        assert len(got.measured.per_seed) == (0 if n == 1 else n)
+    # A seed whose MAE before relabeling is exactly 0 has no relative change (not a division by 0).
+    relabeled = {"relative_change": 0.0, "per_run": [relabel_run(0.02), relabel_run(0.0)]}
+    got = verdicts({"hmm_transformer": {"relabeling": relabeled}})["relabeling"]
+    assert got.measured.per_seed[0]["relative_change"] == pytest.approx(0.05) and got.measured.per_seed[1]["relative_change"] is None
+
+
+def test_no_break_takes_the_numerically_longest_horizon_and_works_without_the_trained_row():
+    result = generalization(1.5, 0.004, 0.05)
+    # "100" sorts before "30" and "50" as text; as a number it is the longest.
+    result["horizons"]["100"] = {**result["horizons"]["50"], "beyond": {**result["horizons"]["50"]["beyond"], "kl_bits": {
+        "within_training": 0.001, "beyond_training": 0.06, "boundary": {"step": 0.01, "largest_neighbor_step": 0.0, "ratio": None}}}}
+    got = verdicts({"hmm_transformer": {"length_generalization": result}})["no_break"]
+    assert got.measured.values == {"boundary_ratio": None, "within_training_kl_bits": 0.001, "prior_kl_bits": 0.5}
+    assert got.ours.startswith("K=100: kl_bits step t=20→21 0.01 vs largest nearby 0 (n/a); ")
+    del result["horizons"]["20"]  # the trained horizon itself not evaluated: no prior to compare with
+    got = verdicts({"hmm_transformer": {"length_generalization": result}})["no_break"]
+    assert got.measured.values["prior_kl_bits"] is None and got.holds is False
+
+
+def test_the_text_names_every_horizon_from_two_on_and_says_when_attention_never_settles():
+    transformer = {20: {"kl_bits": 0.05}, 30: {"kl_bits": 0.1}}
+    mlp = {20: {"kl_bits": 0.6}, 30: {"kl_bits": 0.7}}
+    results = {"hmm": {"model_comparison": comparison(OURS_HMM, {"transformer": transformer, "mlp": mlp}, 20)}}
+    (got,) = evaluate_claims(results, claims=[BY_KEY["hmm_separation"]])  # the K=50 accuracy claim would find no K=50 row
+    assert got.ours.startswith("MLP 0.6/0.7 bits kl_bits at K=20/30 (prior 0.5); 12x the transformer")
+    never = {"stabilization_step": None, "stabilization_fraction": None}
+    got = verdicts({"bijection_transformer": {"training_dynamics": never}})["dissociation"]
+    assert got.ours == "attention never settles within the threshold"
+
+
+def test_layer_ablation_reads_the_hmm_alone_and_claims_can_be_evaluated_one_at_a_time():
+    hmm = layers([{"kl_bits": 30.0}, {"kl_bits": 11.0}])
+    got = verdicts({"hmm_transformer": {"layer_ablation": hmm}})["layer_ablation"]
+    assert got.measured.values == {"min_ratio": 11.0} and got.ours == "hmm kl_bits 30x, 11x per layer"
+    (only,) = evaluate_claims({"hmm_transformer": {"layer_ablation": hmm}}, claims=[BY_KEY["layer_ablation"]])
+    assert only.claim.key == "layer_ablation" and only.holds is True
+
+
+def test_table1_and_the_figures_skip_the_groups_a_folder_does_not_hold(tmp_path):
+    from windtunnel.report.build import _claims_sections, _table1
+
+    transformer = {h: {"kl_bits": 0.05, "mae_bits": 0.1, "mae_aggregate_bits": 0.1} for h in (20, 30, 50)}
+    table = comparison(OURS_HMM, {"transformer": transformer}, 20)
+    table["models"]["transformer"]["n_runs"] = 1
+    (only,) = _table1({"hmm": {"model_comparison": table}})  # no bijection, no floored HMM
+    assert [row[:3] for row in only.rows] == [["transformer", 1, h] for h in (20, 30, 50)] + [
+        ["context-free prior", None, h] for h in (20, 30, 50)]
+    sections = _claims_sections(tmp_path, {"hmm": {"model_comparison": table}}, "tiny", [])
+    # the one figure whose analysis the folder holds: the MLP control's, of group hmm
+    assert [s.title for s in sections] == ["Claims", "The paper's Table 1: error by model and horizon",
+                                           "Fig 10: the MLP control, and Table 1's curves"]
+    assert [f.path.parent.name for f in sections[2].figures] == ["hmm"]
+
+
+def test_a_group_that_trained_the_transformer_alone_is_read_at_its_own_training_horizon():
+    # A scale that trains only the transformer on a variant keeps its per-position analysis,
+    # not a Table 1: the claim reads it at the horizon that analysis says it trained at.
+    results = {"bijection": {"length_generalization": single(
+        OURS_BIJECTION, "transformer", {19: {"mae_aggregate_bits": 0.004, "mae_bits": 0.03, "kl_bits": 0.001},
+                                        30: {"mae_aggregate_bits": 0.9, "mae_bits": 0.9, "kl_bits": 0.9}}, 19)}}
+    got = verdicts(results)["bijection_accuracy"]
+    assert got.measured.values == {"mae_aggregate_bits": 0.004} and got.holds is True

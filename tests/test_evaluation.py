@@ -524,3 +524,26 @@ def test_an_eval_set_moved_to_a_device_holds_the_same_sequences():
     moved = eval_set.to("cpu")
     assert moved.horizon == 4 and len(moved.episodes) == 3
     assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.posterior, b.posterior) for a, b in zip(eval_set.episodes, moved.episodes))
+
+
+def test_a_predictor_runs_where_its_model_lives_and_an_eval_set_moves_every_episode():
+    # "meta" is a device every machine has (shapes and dtypes only): a move to it is seen
+    # without a GPU, and a forward that stayed on the host would fail against meta weights.
+    from windtunnel.models import build_model
+
+    tunnel = BijectionTunnel(V=6, L=6)
+    model = build_model(
+        "transformer",
+        {"n_layers": 1, "n_heads": 2, "d_model": 16, "d_mlp": 32},
+        vocab_size=tunnel.vocab_size,
+        num_classes=tunnel.num_classes,
+        max_len=tunnel.seq_len(),
+        generator=torch.Generator().manual_seed(0),
+    ).to("meta")
+    episode = tunnel.sample(5, generator=torch.Generator().manual_seed(1))
+    predicted = model_predictor(model)(episode)
+    assert predicted.device.type == "meta" and predicted.shape == episode.posterior.shape and predicted.dtype == torch.float64
+    eval_set = EvalSet.draw(tunnel, horizon=4, n=7, batch_size=3, seed=2)
+    moved = eval_set.to("meta")
+    assert moved.horizon == 4 and len(moved.episodes) == 3
+    assert all(e.tokens.device.type == "meta" and e.posterior.device.type == "meta" for e in moved.episodes)

@@ -111,3 +111,14 @@ def test_the_report_counts_every_start_of_a_resumed_run(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RESUMED))
     section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir)])
     assert section.tables[0].rows[0][4] == round(80.0 / 60, 1)  # train minutes: both starts
+
+
+def test_a_study_without_the_hmm_plateau_gets_the_runs_table_without_its_column(tmp_path):
+    run_dir = tmp_path / "bij"
+    _write_history(run_dir, [(1000, 1.2), (2000, 0.01)])
+    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir)], plateau=False,
+                            not_yet_run=["bijection_lstm_seed0"])
+    assert section.title == "Runs" and section.text == ""
+    (table,) = section.tables
+    assert table.columns == ["run", "model", "steps", "batch", "train minutes", "final eval mae_bits", "trained on"]
+    assert [len(row) for row in table.rows] == [7, 7] and table.rows[1][:2] == ["bijection_lstm_seed0", "not yet run"]

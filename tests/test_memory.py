@@ -48,3 +48,28 @@ def test_check_fits_refuses_exactly_beyond_what_is_available():
 
 def test_format_bytes():
     assert [format_bytes(n) for n in (0, 1023, 1024, 1536 * 1024, 3 * 1024**4)] == ["0 B", "1023 B", "1.0 KiB", "1.5 MiB", "3.0 TiB"]
+
+
+@pytest.mark.parametrize(
+    "name, overrides, horizon",
+    [
+        ("bijection", ["V=20"], None),
+        ("bijection", ["V=10", "query=true"], 7),
+        ("bijection", ["V=12", "with_replacement=true", "L=30"], None),
+        ("hmm", ["S=4", "M=3", "K=12"], None),
+        ("hmm", ["S=8", "M=3", "K=40"], 9),
+        ("assoc_recall", [], None),
+        ("assoc_recall", ["n_pairs=3", "key_vocab=5", "value_vocab=9", "n_queries=6", "n_filler=2"], 2),
+    ],
+)
+def test_the_estimate_is_exactly_the_bytes_each_sequence_holds(name, overrides, horizon):
+    # The oracle: every tensor of the episode whose first axis is the batch (13 sequences, a
+    # size no other axis has here), counted byte by byte. The few batch-free tensors (the
+    # query positions) are what the lower bound above leaves out.
+    tunnel = make_tunnel(name, overrides=overrides)
+    batch = 13
+    episode = tunnel.sample(batch, generator=torch.Generator().manual_seed(1), horizon=horizon)
+    tensors = [v for f in dataclasses.fields(episode) if torch.is_tensor(v := getattr(episode, f.name))]
+    assert all(v.dim() == 0 or v.shape[0] != batch or batch not in v.shape[1:] for v in tensors)
+    per_batch = sum(v.nbytes for v in tensors if v.dim() > 0 and v.shape[0] == batch)
+    assert tunnel.sample_bytes(batch, horizon) == per_batch

@@ -67,6 +67,12 @@ def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
     assert (metrics["mutants"], metrics["killed"], metrics["survived"], metrics["no_tests"]) == (7, 3, 3, 1)
     assert (metrics["text_only_survivors"], metrics["equivalent"], metrics["scored"]) == (1, 1, 5)
     assert metrics["score"] == 0.6 and metrics["survivors"] == ["windtunnel.metrics.x_a__mutmut_4", "windtunnel.metrics.x_a__mutmut_5"]
+    assert metrics["noted"] == 0 and metrics["unexplained"] == metrics["survivors"]
+    # A note explains a survivor without scoring it as killed; a note on a killed mutant counts nowhere.
+    noted = mutation_score.score(mutants, {"windtunnel.metrics.x_a__mutmut_7": "equivalent, by hand"},
+                                 {"windtunnel.metrics.x_a__mutmut_4": "left alive, why", "windtunnel.metrics.x_a__mutmut_1": "stale"})
+    assert noted["metrics.py"]["score"] == 0.6 and noted["metrics.py"]["noted"] == 1
+    assert noted["metrics.py"]["unexplained"] == ["windtunnel.metrics.x_a__mutmut_5"]
     assert result["evaluation.py"]["score"] == 1.0 and "tunnels/" not in result
     # a figure's mutant counts on the figures' row alone, not on the rest of the report's
     assert result["report/figures/"]["mutants"] == 1 and result["report/figures/"]["score"] == 0.0
@@ -85,3 +91,31 @@ def test_a_sampled_score_carries_the_wilson_interval_of_its_proportion():
     result = mutation_score.score(mutants, {})["metrics.py"]
     assert result["score"] == 0.75 and result["score_interval"] == mutation_score.wilson_interval(3, 4)
     assert mutation_score.score(mutants[:4], {})["metrics.py"]["score_interval"] is None  # every mutant ran: no estimate
+
+
+def test_a_rerun_of_the_survivors_updates_a_saved_score():
+    # Saved: 10 scored (8 killed, survivors _4 and _5 with _5 reached by no test), 1 text-only
+    # survivor. The rerun kills _4; _5 is listed as equivalent since.
+    saved = {"metrics.py": {"mutants": 11, "killed": 8, "survived": 2, "no_tests": 1, "not_checked": 0, "text_only_survivors": 1,
+                            "equivalent": 0, "scored": 10, "score": 0.8, "score_interval": None,
+                            "survivors": ["windtunnel.metrics.x_a__mutmut_4", "windtunnel.metrics.x_a__mutmut_5"]}}
+    rerun = [{"name": "windtunnel.metrics.x_a__mutmut_4", "status": "killed", "text_only": False},
+             {"name": "windtunnel.metrics.x_a__mutmut_5", "status": "no tests", "text_only": False}]
+    got = mutation_score.rescore(saved, rerun, {"windtunnel.metrics.x_a__mutmut_5": "why"}, {})["metrics.py"]
+    assert (got["killed"], got["survived"], got["no_tests"], got["equivalent"], got["scored"]) == (9, 1, 1, 1, 9)
+    assert got["score"] == 1.0 and got["survivors"] == [] and got["unexplained"] == []
+    # Not rerun: the survivor stands, and a note explains it without scoring it.
+    got = mutation_score.rescore(saved, [], {}, {"windtunnel.metrics.x_a__mutmut_4": "why"})["metrics.py"]
+    assert (got["killed"], got["survived"], got["no_tests"], got["scored"], got["score"], got["noted"]) == (8, 2, 1, 10, 0.8, 1)
+    assert got["unexplained"] == ["windtunnel.metrics.x_a__mutmut_5"]
+
+
+def test_the_readme_table_has_one_row_per_package_with_its_counts(capsys):
+    saved = {"metrics.py": {"mutants": 21, "killed": 20, "survived": 1, "no_tests": 0, "not_checked": 0, "text_only_survivors": 0,
+                            "equivalent": 0, "noted": 1, "score": 0.952, "score_interval": None},
+             "report/ tables and page": {"mutants": 2034, "killed": 258, "survived": 41, "no_tests": 1, "not_checked": 1734,
+                                         "text_only_survivors": 14, "equivalent": 4, "score": 0.915, "score_interval": [0.876, 0.942]}}
+    mutation_score.print_table(saved)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| `metrics.py` | 21 (21) | 20 | 1 | 0 | 0 | 0 | 1 | 95% |"
+    assert lines[3] == "| `report/ tables and page` | 2034 (300) | 258 | 41 | 1 | 14 | 4 | 0 | 92% (sample; 95% CI 88%–94%) |"

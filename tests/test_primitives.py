@@ -231,6 +231,11 @@ def test_the_tiny_study_trains_compares_and_reports_every_architecture_on_every_
     assert len(model_rows) == len(PRIMITIVE_TUNNELS) * len(ARCHITECTURES)
     # Random initial weights realize nothing: the criterion fails every one of them.
     assert all(row[5].startswith("fails") for row in model_rows), [row[5] for row in model_rows]
+    # The runs table has no HMM-plateau column (a claims-study preset's), and every curve is drawn.
+    runs_header = next(row for row in page.rows if row[:2] == ["run", "model"])
+    assert runs_header[-1] == "trained on", runs_header
+    markdown = (out / "report" / "report.md").read_text()
+    assert "figure missing" not in markdown and markdown.count("](figures/") == len(PRIMITIVE_TUNNELS)
 
     # Resuming as the other study, and a rebuild from the saved folder alone.
     assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--resume"]) == 2
@@ -295,8 +300,17 @@ def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path
          "partly: mae 1 [0.9, 1.1], kl 0.9 [0.72, 1.08] (1 seed; 50% of the gap)", "fails (0%)", '"fails"; no number published'],
         ["belief transport", "hmm (S = 5, M = 5, K = 20)", "context-free prior", None, "mae 2, kl 2", None, None],
     ]
+    assert (numbers.title, numbers.text) == ("The numbers per tunnel", "Each architecture's error on each tunnel, with its parameter count.")
     assert [(f.path, f.title) for f in curves.figures] == [
         (tmp_path / "hmm" / "model_comparison.png", "belief transport: hmm (S = 5, M = 5, K = 20)")]
+    # Initial weights that close half the gap read "partly (50%)"; an architecture outside the
+    # known order (a plug-in) is listed after the known ones.
+    at_init["hmm"]["model_comparison"]["models"]["lstm"]["horizons"]["20"] = row(1.0, 1.0)
+    results["hmm"]["model_comparison"]["models"]["plugin_net"] = {"n_runs": 1, "n_parameters": 20001, "horizons": {"20": row(1.0, 0.9)}}
+    _, numbers, _ = primitive_sections(results, tmp_path, at_init)
+    hmm_rows = [r for r in numbers.tables[0].rows if r[0] == "belief transport"]
+    assert [r[2] for r in hmm_rows] == ["transformer", "lstm", "plugin_net", "context-free prior"]
+    assert hmm_rows[1][5] == "partly (50%)"
     assert curves.figures[0].caption == "Per-position |entropy error| of each architecture, hmm (S = 5, M = 5, K = 20)."
     (nothing,) = primitive_sections({}, tmp_path)
     assert nothing.title == "Primitives" and not nothing.tables

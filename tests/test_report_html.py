@@ -400,3 +400,22 @@ def test_markdown_lines_that_would_start_a_list_or_an_underline_are_escaped():
 
     assert [_md_line_start(t) for t in ("- a", "+ b", "= c", "1. d", "2) e", "x - y")] == [
         "\\- a", "\\+ b", "\\= c", "1\\. d", "2\\) e", "x - y"]
+
+
+def test_render_markdown_is_the_file_written_and_its_inline_pieces_are_exact(built, tmp_path):
+    from windtunnel.report.html import _inline_md, _path_md, render_markdown
+
+    report, _, _, _, md_path = built
+    assert render_markdown(report) == md_path.read_text()
+    # A code span keeps its text as it is: padded with spaces only where it starts or ends
+    # with a backtick or a space (CommonMark strips one space on each side).
+    assert _inline_md("run `make test` now") == "run `make test` now"
+    # A path that cannot sit in a code span (it holds a backtick) is escaped text instead.
+    assert _path_md(Path("a`b.png")) == "a\\`b.png" and _path_md(Path("plain.png")) == "`plain.png`"
+    # A figure's file name keeps its capitals; the Markdown ends with exactly one newline,
+    # whatever letter the last line ends with.
+    upper = tmp_path / "Fig_A.png"
+    write_png(upper, 4, 4, RED)
+    assert "figures/01_Fig_A.png" in render_markdown(Report("T", "", [Section("S", "", figures=[Figure(upper, "A", "")])]))
+    text = render_markdown(Report("T", "", [Section("S", "ends with X")]))
+    assert text.endswith("\n\nends with X\n") and not text.endswith("\n\n")

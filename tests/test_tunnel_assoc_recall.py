@@ -153,3 +153,38 @@ def test_the_prior_is_uniform_over_the_values_in_float64():
     tunnel = AssocRecallTunnel(key_vocab=4, n_pairs=2, value_vocab=7)
     prior = tunnel.prior_predictive(3)
     assert prior.dtype == torch.float64 and prior.shape == (3, 7) and set(prior.flatten().tolist()) == {1 / 7}
+
+
+def test_two_unstored_queries_of_one_sequence_coincide_as_independent_uniform_draws_do():
+    """Within a sequence, two queries of unstored keys name the same key with probability
+    1/(key_vocab - n_pairs), two of stored keys with probability 1/n_pairs: each query draws its
+    key afresh and uniformly (a binomial test at 1e-4 on every pair of queries)."""
+    from scipy import stats
+
+    tunnel = AssocRecallTunnel(n_pairs=4, key_vocab=10, value_vocab=11, n_queries=6, n_filler=0, p_stored=0.5)
+    episode = tunnel.sample(3000, generator=torch.Generator().manual_seed(4))
+    for stored, chance in ((False, 1 / 6), (True, 1 / 4)):
+        same = trials = 0
+        for i, j in itertools.combinations(range(6), 2):
+            both = (episode.stored[:, i] == stored) & (episode.stored[:, j] == stored)
+            trials += int(both.sum())
+            same += int((both & (episode.queries[:, i] == episode.queries[:, j])).sum())
+        assert stats.binomtest(same, trials, chance).pvalue > 1e-4, (stored, same / trials, chance)
+
+
+def test_a_point_mass_has_entropy_plus_zero_and_unstored_queries_take_every_stored_value_as_evidence():
+    tunnel = AssocRecallTunnel(n_pairs=3, n_queries=6, n_filler=1, key_vocab=7, value_vocab=8, p_stored=0.5)
+    episode = tunnel.sample(32, generator=torch.Generator().manual_seed(5))
+    stored = episode.stored
+    assert stored.any() and (~stored).any()
+    # A stored query's posterior is a point mass: entropy exactly +0.0 (a -0.0 prints as "-0").
+    assert not torch.signbit(episode.entropy_bits[stored]).any()
+    evidence = tunnel.attention_categories(episode)["evidence"]  # [B, P, T]
+    value_slots = torch.zeros(episode.tokens.shape[1], dtype=torch.bool)
+    value_slots[1 : 2 * 3 : 2] = True  # the three stored value tokens sit at 1, 3, 5
+    for b in range(32):
+        for p in range(6):
+            if stored[b, p]:
+                assert int(evidence[b, p].sum()) == 1
+            else:  # checked per sequence: a batch that has some stored query must not change it
+                assert torch.equal(evidence[b, p], value_slots), (b, p)

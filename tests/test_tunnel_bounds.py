@@ -122,3 +122,57 @@ def test_a_registered_tunnel_needs_a_name_a_dataclass_and_the_whole_contract():
         register_tunnel(Partial)
     with pytest.raises(ValueError, match=r"^a tunnel named 'hmm' is registered already \(HMMTunnel\)$"):
         register_tunnel(HMMTunnel)
+
+
+def test_an_assoc_recall_horizon_is_checked_under_its_own_name():
+    with pytest.raises(ConfigError, match=r"^horizon=0 is out of range: need at least 1 query$"):
+        AssocRecallTunnel().sample(1, generator=torch.Generator().manual_seed(0), horizon=0)
+
+
+def test_the_grid_accepts_an_integer_reciprocal_up_to_float64_rounding_and_refuses_zero():
+    # 1/1e-5 is 99999.99999999999 in float64: 1.5e-11 from an integer, inside the relative
+    # tolerance 1e-9 (1e-4 here) that absorbs rounding, far outside 1e-9 / 1e5.
+    assert HMMTunnel(S=2, M=2, grid=1e-5).levels == 100000
+    # The smallest tunnel (S = M = 1) takes any grid of at least one step; zero has no steps.
+    for grid in (0.0, -0.5):
+        with pytest.raises(ConfigError, match=rf"^grid={grid} is too coarse or not a divisor of 1"):
+            HMMTunnel(S=1, M=1, grid=grid)
+
+
+def test_an_unknown_tunnel_lists_the_registered_names_and_a_name_must_be_a_string():
+    from windtunnel.tunnels import TUNNELS, register_tunnel, tunnel_class
+
+    names = ", ".join(sorted(TUNNELS))
+    assert "assoc_recall, bijection" in names
+    with pytest.raises(ConfigError, match=rf"^unknown tunnel 'nope'; choose one of: {re.escape(names)}$"):
+        tunnel_class("nope")
+
+    class Numbered:
+        name = 7  # truthy, but not a string
+
+    with pytest.raises(ValueError, match=r"^Numbered has no name"):
+        register_tunnel(Numbered)
+
+
+def test_an_episode_moves_every_tensor_and_one_hot_rows_are_float64():
+    from windtunnel.tunnels.base import one_hot
+
+    episode = HMMTunnel(S=2, M=2, K=3).sample(2, generator=torch.Generator().manual_seed(0))
+    moved = episode.to("meta")  # a device that exists everywhere: only shapes and dtypes move
+    for name, value in vars(episode).items():
+        if torch.is_tensor(value):
+            moved_value = getattr(moved, name)
+            assert moved_value.device.type == "meta" and moved_value.dtype == value.dtype and moved_value.shape == value.shape, name
+    assert episode.tokens.device.type == "cpu"  # a copy: the original stays
+    rows = one_hot(torch.tensor([[2, 0]]), 3)
+    assert rows.dtype == torch.float64
+    assert rows.tolist() == [[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]
+
+
+def test_a_capability_missing_from_an_object_without_a_name_names_its_type():
+    from windtunnel.tunnels.capabilities import AttentionCategories, lacks
+
+    class Bare:
+        pass
+
+    assert lacks(Bare(), AttentionCategories).startswith("the Bare tunnel does not declare AttentionCategories (")

@@ -2,7 +2,9 @@
 
 Prints JSON: for each package, how many mutants were killed, survived, or reached by no test,
 how many survivors change only the text of a message or caption, how many are listed as
-equivalent in ``tools/mutation_equivalent.toml`` (each with its reason), and the score:
+equivalent in ``tools/mutation_equivalent.toml`` (each with its reason), how many survivors that
+do change behaviour are left alive with a note there (``[noted]``: scored as survivors), and the
+score:
 
     score = killed / (killed + survived + no tests), over the mutants that change behaviour
 
@@ -154,7 +156,10 @@ def wilson_interval(killed: int, n: int, z: float = 1.96) -> list[float]:
     return [round(centre - half, 3), round(centre + half, 3)]
 
 
-def score(mutants: list[dict[str, str]], equivalent: dict[str, str]) -> dict[str, dict]:
+def score(mutants: list[dict[str, str]], equivalent: dict[str, str], noted: dict[str, str] | None = None) -> dict[str, dict]:
+    """Per package; ``noted``: survivors that change behaviour and are left alive with a reason
+    (scored as survivors all the same); ``unexplained`` lists the survivors with no note."""
+    noted = noted or {}
     result = {}
     for package in PACKAGES:
         mine = [m for m in mutants if package_of(m["name"]) == package]
@@ -176,7 +181,38 @@ def score(mutants: list[dict[str, str]], equivalent: dict[str, str]) -> dict[str
             # Where only a random sample of the mutants ran (make mutate ONLY=...), the score is an estimate.
             "score_interval": wilson_interval(killed, len(scored)) if scored and counts["not checked"] else None,
             "survivors": sorted(m["name"] for m in scored if m["status"] != "killed"),
+            "noted": sum(m["name"] in noted for m in scored if m["status"] != "killed"),
+            "unexplained": sorted(m["name"] for m in scored if m["status"] != "killed" and m["name"] not in noted),
         }
+    return result
+
+
+def rescore(saved: dict[str, dict], mutants: list[dict[str, str]], equivalent: dict[str, str], noted: dict[str, str]) -> dict[str, dict]:
+    """A saved score updated by a rerun of its survivors alone (``make mutate ONLY='<the
+    survivors>'`` after new tests): a survivor the rerun killed counts as killed, one listed as
+    equivalent since leaves the score; every other count stands as saved. A survivor the rerun
+    did not reach stays a survivor."""
+    now = {m["name"]: m["status"] for m in mutants}
+    result = {}
+    for package, r in saved.items():
+        killed = [n for n in r["survivors"] if now.get(n) == "killed"]
+        alive = [n for n in r["survivors"] if n not in killed]
+        newly_equivalent = [n for n in alive if n in equivalent]
+        survivors = [n for n in alive if n not in equivalent]
+        # Tests were only added, so a survivor no test reaches now was reached by none before;
+        # where the rerun missed a survivor, the saved split stands.
+        rerun_all = all(now.get(n) not in (None, "not checked") for n in r["survivors"])
+        no_tests = sum(now.get(n) == "no tests" for n in alive) if rerun_all else r["no_tests"]
+        scored = r["scored"] - len(newly_equivalent)
+        r = {**r, "killed": r["killed"] + len(killed), "survived": r["survived"] + r["no_tests"] - len(killed) - no_tests,
+             "no_tests": no_tests, "equivalent": r["equivalent"] + len(newly_equivalent), "scored": scored}
+        r["score"] = round((scored - len(survivors)) / scored, 3) if scored else None
+        if r.get("score_interval"):
+            r["score_interval"] = wilson_interval(scored - len(survivors), scored)
+        r["survivors"] = sorted(survivors)
+        r["noted"] = sum(n in noted for n in survivors)
+        r["unexplained"] = sorted(n for n in survivors if n not in noted)
+        result[package] = r
     return result
 
 
@@ -202,8 +238,8 @@ def provenance(command: str) -> dict[str, str]:
 
 
 def print_table(result: dict[str, dict]) -> None:
-    print("| package | mutants (run) | killed | survived | no tests | text only | equivalent | score |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| package | mutants (run) | killed | survived | no tests | text only | equivalent | noted | score |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for package, r in result.items():
         run = r["mutants"] - r["not_checked"]
         pct = "not run" if r["score"] is None else f"{r['score']:.0%}"
@@ -211,7 +247,7 @@ def print_table(result: dict[str, dict]) -> None:
             low, high = r["score_interval"]
             pct += f" (sample; 95% CI {low:.0%}–{high:.0%})"
         print(f"| `{package}` | {r['mutants']} ({run}) | {r['killed']} | {r['survived']} | {r['no_tests']} | "
-              f"{r['text_only_survivors']} | {r['equivalent']} | {pct} |")
+              f"{r['text_only_survivors']} | {r['equivalent']} | {r.get('noted', 0)} | {pct} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutants", type=Path, action="append", help="a mutmut mutants/ folder (repeatable; default: ./mutants)")
     parser.add_argument("--command", default="make mutate", help="what produced the results, for the provenance")
     parser.add_argument("--sample", type=Path, help="count only the mutants named in this file (one per line): a random sample's")
+    parser.add_argument("--rescore", type=Path, help="update a file --save wrote from a rerun of its survivors (see rescore())")
     parser.add_argument("--table-from", type=Path, help="print the README's table from a file --save wrote (no mutmut results needed)")
     args = parser.parse_args(argv)
     if args.table_from:
@@ -232,12 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no mutmut results in {', '.join(missing)}: run `make mutate` first", file=sys.stderr)
         return 2
-    equivalent = tomllib.loads(EQUIVALENT.read_text()).get("equivalent", {}) if EQUIVALENT.is_file() else {}
+    listed = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.is_file() else {}
+    equivalent, noted = listed.get("equivalent", {}), listed.get("noted", {})
     mutants = collect(folders)
     if args.sample:
         named = set(args.sample.read_text().split())
         mutants = [m if m["name"] in named else {**m, "status": "not checked", "text_only": False} for m in mutants]
-    result = score(mutants, equivalent)
+    if args.rescore:
+        result = rescore(json.loads(args.rescore.read_text())["packages"], mutants, equivalent, noted)
+    else:
+        result = score(mutants, equivalent, noted)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         saved = {"provenance": provenance(args.command), "packages": result}
@@ -247,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.survivors:
         for r in result.values():
-            r["survivors"] = len(r["survivors"])
+            r["survivors"], r["unexplained"] = len(r["survivors"]), len(r["unexplained"])
     print(json.dumps(result, indent=1))
     return 0
 

@@ -172,11 +172,11 @@ class HMMTunnel:
 
     def sample_bytes(self, batch_size: int, horizon: int | None = None) -> int:
         """What the episode returned keeps: T and E as header tokens and as float64, and per
-        observation the token, state, observation, entropy and the float64 posterior over S
-        states (the forward filter's working tensors come on top)."""
+        observation the token, target, state, observation, entropy and the float64 posterior
+        over S states (the forward filter's working tensors come on top)."""
         n_obs = self.K if horizon is None else horizon
         S, M = self.S, self.M
-        return batch_size * 8 * (2 * (S * S + S * M) + n_obs * (S + 4) + S + 1)
+        return batch_size * 8 * (2 * (S * S + S * M) + n_obs * (S + 5) + S + 1)
 
     # --- layout -----------------------------------------------------------------
 
