@@ -117,5 +117,5 @@ def test_the_readme_table_has_one_row_per_package_with_its_counts(capsys):
                                          "text_only_survivors": 14, "equivalent": 4, "score": 0.915, "score_interval": [0.876, 0.942]}}
     mutation_score.print_table(saved)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "| `metrics.py` | 21 (21) | 20 | 1 | 0 | 0 | 0 | 1 | 95% |"
-    assert lines[3] == "| `report/ tables and page` | 2034 (300) | 258 | 41 | 1 | 14 | 4 | 0 | 92% (sample; 95% CI 88%–94%) |"
+    assert lines[2] == "| `metrics.py` | 21 (21) | 20 | 1 | 0 | 0 | 0 | 1 | 95.2% |"
+    assert lines[3] == "| `report/ tables and page` | 2034 (300) | 258 | 41 | 1 | 14 | 4 | 0 | 91.5% (sample; 95% CI 87.6%–94.2%) |"

@@ -394,3 +394,33 @@ def test_bf16_autocast_follows_the_float32_curve_on_a_cpu(tmp_path, write_config
     # Xeon), while another seed moves every step's loss by >= 4.6e-4; 1e-4 lies between the two.
     torch.testing.assert_close(losses["bf16"], losses["float32"], rtol=1e-4, atol=0)
     assert ((losses["other_seed"] - losses["float32"]).abs() / losses["float32"]).min() > 1e-4
+
+
+def test_the_loss_is_the_cross_entropy_over_classes_and_weight_decay_spares_vectors(tmp_path, write_config):
+    """The training loss against numpy's log-sum-exp (soft: against the exact posterior; hard:
+    against the sampled target), and the optimizer's groups against the parameters' shapes."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)  # [B, P, C]: P != C, so the class axis is told apart
+    posterior = torch.softmax(torch.randn(3, 4, 5, generator=g, dtype=torch.float64), -1)
+    targets = torch.randint(0, 5, (3, 4), generator=g)
+    episode = SimpleNamespace(posterior=posterior, targets=targets)
+    x = logits.numpy()
+    log_probs = x - (np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)) + x.max(-1, keepdims=True))
+    soft = -(posterior.numpy() * log_probs).sum(-1).mean()
+    hard = -np.take_along_axis(log_probs, targets.numpy()[..., None], -1).mean()
+    # float32 log-softmax (the trainer's precision for the soft loss): 1e-6 relative is ~10 float32 ulps
+    assert trainer_module._loss(logits, episode, "soft").item() == pytest.approx(soft, rel=1e-6)
+    assert trainer_module._loss(logits, episode, "hard").item() == pytest.approx(hard, rel=1e-12)  # float64 throughout
+
+    config = load_run_config(write_config(tmp_path), ["train.weight_decay=0.25"])
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    marked = torch.nn.Parameter(torch.zeros(2, 2))
+    marked._no_weight_decay = True
+    model.register_parameter("marked", marked)
+    decay, no_decay = trainer_module._optimizer(model, config, torch.device("cpu")).param_groups
+    assert decay["weight_decay"] == 0.25 and [p.shape for p in decay["params"]] == [torch.Size([4, 3])]
+    assert no_decay["weight_decay"] == 0.0 and {id(p) for p in no_decay["params"]} == {
+        id(marked), id(model[0].bias), id(model[1].weight), id(model[1].bias)}

@@ -242,10 +242,10 @@ def print_table(result: dict[str, dict]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for package, r in result.items():
         run = r["mutants"] - r["not_checked"]
-        pct = "not run" if r["score"] is None else f"{r['score']:.0%}"
+        pct = "not run" if r["score"] is None else f"{r['score']:.1%}"  # 0.998 is not 100%
         if r.get("score_interval"):
             low, high = r["score_interval"]
-            pct += f" (sample; 95% CI {low:.0%}–{high:.0%})"
+            pct += f" (sample; 95% CI {low:.1%}–{high:.1%})"
         print(f"| `{package}` | {r['mutants']} ({run}) | {r['killed']} | {r['survived']} | {r['no_tests']} | "
               f"{r['text_only_survivors']} | {r['equivalent']} | {r.get('noted', 0)} | {pct} |")
 
