@@ -277,3 +277,21 @@ def test_progress_on_a_terminal_is_a_bar_with_eta_loss_and_mae():
     shown.close()
     drawn = terminal.getvalue().split("\r")[-2]  # the last state drawn before the bar closed
     assert re.search(r"train:  50%\|.*\| 20/40 \[\d\d:\d\d<\d\d:\d\d, .*step/s, loss 1\.2500, mae 0\.1235 bits\]", drawn), drawn
+
+
+def test_the_analyses_stage_names_each_analysis_as_it_starts_with_an_eta_from_the_finished_groups():
+    from windtunnel.progress import AnalysesProgress
+
+    now = [100.0]
+    lines: list[str] = []
+    progress = AnalysesProgress(4, lines.append, clock=lambda: now[0])
+    progress.start_group("bijection_transformer")
+    now[0] = 130.0
+    progress.starting("probes", 2, 7, "trained weights")
+    assert lines[-1] == "[analyze] group 1/4 bijection_transformer: probes (2/7, trained weights); 00:30 so far, ETA after the first group"
+    now[0] = 160.0  # the first group took 60 s: three more at that pace are 180 s
+    progress.end_group()
+    progress.start_group("hmm_transformer")
+    now[0] = 190.0  # 90 s so far over 1 group done: (90 / 1) * 3 left
+    progress.starting("layer_ablation", 1, 7, "initial weights")
+    assert lines[-1] == "[analyze] group 2/4 hmm_transformer: layer_ablation (1/7, initial weights); 01:30 so far, about 04:30 left"

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import torch
 from tqdm import tqdm
 
-__all__ = ["BAR_EVERY_S", "PLAIN_EVERY_S", "PLAIN_FORMAT", "TrainingProgress", "is_terminal"]
+__all__ = ["BAR_EVERY_S", "PLAIN_EVERY_S", "PLAIN_FORMAT", "AnalysesProgress", "TrainingProgress", "is_terminal"]
 
 BAR_EVERY_S = 0.2  # a terminal bar is redrawn this often at most
 PLAIN_EVERY_S = 10.0  # a plain line is printed this often at most
@@ -80,3 +81,40 @@ class TrainingProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class AnalysesProgress:
+    """The analyses stage's progress: one line as each analysis starts, naming the group, the
+    analysis and whose weights it reads, with the time so far and an ETA.
+
+    The ETA is the mean time of the groups finished so far times the groups left (a group's
+    analyses differ too much in cost for a per-analysis average); before the first group ends
+    there is none. Lines go to ``say`` (plain lines: the stage is minutes per group, not steps
+    per second, so a bar would not move between them).
+    """
+
+    def __init__(self, groups: int, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.groups, self.say, self.clock = groups, say, clock
+        self.started = clock()
+        self.done = 0
+        self.group = ""
+
+    def start_group(self, name: str) -> None:
+        self.group = name
+
+    def end_group(self) -> None:
+        self.done += 1
+
+    def eta_s(self) -> float | None:
+        """Seconds left by the finished groups' mean, or None before the first has finished."""
+        if self.done == 0:
+            return None
+        return (self.clock() - self.started) / self.done * (self.groups - self.done)
+
+    def starting(self, analysis: str, index: int, count: int, weights: str) -> None:
+        """Say that analysis ``index`` of ``count`` in the current group starts on ``weights``."""
+        elapsed = tqdm.format_interval(self.clock() - self.started)
+        eta = self.eta_s()
+        left = "ETA after the first group" if eta is None else f"about {tqdm.format_interval(eta)} left"
+        self.say(f"[analyze] group {self.done + 1}/{self.groups} {self.group}: {analysis} "
+                 f"({index}/{count}, {weights}); {elapsed} so far, {left}")

@@ -37,6 +37,7 @@ from typing import Any
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content
 from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
+from windtunnel.progress import AnalysesProgress
 from windtunnel.runs import CONFIG_FILE, keep_final_weights
 from windtunnel.ray_engine import RayEngine, check_engine
 from windtunnel.report.build import build_report
@@ -329,16 +330,21 @@ def reproduce(
     from windtunnel.analysis.runner import analyze_runs
 
     per_configuration = tuple(name for name, analysis in ANALYSES.items() if analysis.scope == "seeds")
+    progress = AnalysesProgress(len(groups), say)
     for group, run_dirs in groups:
         t0 = time.monotonic()
+        progress.start_group(group.name)
         only = group.only or per_configuration
         trained = load_runs(run_dirs)
         _drop_stale(out / "analysis" / group.name, trained, only)
-        written = analyze_runs(trained, out / "analysis" / group.name, only=only, skip_existing=True, applicable=True)
+        written = analyze_runs(trained, out / "analysis" / group.name, only=only, skip_existing=True, applicable=True,
+                               starting=lambda name, i, n: progress.starting(name, i, n, "trained weights"))
         at_init = tuple(name for name in only if name not in HISTORY_ANALYSES)
         initial = load_runs(run_dirs, step=0)
         _drop_stale(out / INIT_DIR / group.name, initial, at_init)
-        written_init = analyze_runs(initial, out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True)
+        written_init = analyze_runs(initial, out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True,
+                                    starting=lambda name, i, n: progress.starting(name, i, n, "initial weights"))
+        progress.end_group()
         say(
             f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'}; at initialization "
             f"{len(written_init)} ({time.monotonic() - t0:.0f} s)"

@@ -29,6 +29,7 @@ def analyze_runs(
     skip_existing: bool = False,
     applicable: bool = False,
     say: Callable[[str], None] | None = None,
+    starting: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Path]:
     """Run the analyses ``only`` names (default: all that apply) on loaded runs.
 
@@ -37,7 +38,8 @@ def analyze_runs(
     analysis whose JSON is already there is not recomputed. An analysis named in ``only``
     that does not apply to the runs is an error, unless ``applicable`` (then it is
     skipped). ``say`` receives one line per analysis written or skipped (and why) as it goes,
-    so a failure part-way leaves a record of what was done. Returns ``{name: json path}``.
+    so a failure part-way leaves a record of what was done; ``starting(name, i, n)`` is called
+    before analysis ``i`` of the ``n`` named is computed. Returns ``{name: json path}``.
     """
     say = say or (lambda line: None)
     unknown = [name for name in only if name not in ANALYSES]
@@ -49,7 +51,8 @@ def analyze_runs(
             raise ConfigError(f"analysis {name!r} does not apply to these runs: {reason}")
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for name in only or ANALYSES:
+    names = list(only or ANALYSES)
+    for index, name in enumerate(names, 1):
         analysis = ANALYSES[name]
         reason = analysis.applies_to(runs)
         if reason:
@@ -57,6 +60,8 @@ def analyze_runs(
             continue
         path = folder / f"{name}.json"
         if not (skip_existing and path.exists()):
+            if starting is not None:
+                starting(name, index, len(names))
             result = {
                 "analysis": name,
                 "run_dirs": [str(r.directory) for r in runs],
