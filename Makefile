@@ -4,16 +4,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny architectures test bench mutate install clean
+.PHONY: run tiny architectures test bench mutate install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# The main job needs the package alone; the test extras (scipy, hmmlearn, Ray, W&B,
+# TransformerLens, ...) come with `make test`.
 $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
 
 # The main job (100 minutes on 2 AVX-512 cores, longer on slower ones; README, Set-up): the CPU-scale reproduction of the paper into reproduction/, report in
 # reproduction/report/index.html. Run it again after an interruption: it resumes.
@@ -30,14 +38,14 @@ architectures: install
 	$(BIN)/windtunnel reproduce --scale cpu --only architectures --out reproduction-architectures --resume
 
 # Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
-test: install
+test: install-test
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Mutation testing (mutmut) of the packages the README scores, then the score per package
 # (tools/mutation_score.py). Hours for everything on 2 cores; ONLY narrows it to mutant names,
 # e.g. make mutate ONLY='windtunnel.evaluation.* windtunnel.metrics.*'. Not part of `make test`.
 # The report's tests read a tiny reproduction built once, first, by the unmutated code (2 minutes).
-mutate: install
+mutate: install-test
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[mutate]'
 	rm -rf .mutate-tiny && $(BIN)/windtunnel reproduce --scale tiny --out $(CURDIR)/.mutate-tiny > /dev/null
 	# One thread per mutant: a forked test process whose parent had started OpenMP threads hangs.
