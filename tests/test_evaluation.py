@@ -489,18 +489,19 @@ def test_relabeling_reports_kl_before_after_and_their_change_by_hand_and_its_lev
     assert single["delta_mae_bits_ci"][0] == single["delta_mae_bits_ci"][1]  # one resample: a point
 
 
+def _small_transformer(tunnel):
+    from windtunnel.models import build_model
+
+    config = {"n_layers": 2, "n_heads": 2, "d_model": 16, "d_mlp": 32}
+    return build_model("transformer", config, vocab_size=tunnel.vocab_size, num_classes=tunnel.num_classes,
+                       max_len=tunnel.seq_len(), generator=torch.Generator().manual_seed(0))
+
+
 def test_a_model_predictor_is_the_models_softmax_in_float64_at_the_supervised_positions():
-    from windtunnel.models import Trace, build_model
+    from windtunnel.models import Trace
 
     tunnel = BijectionTunnel(V=6, L=6)
-    model = build_model(
-        "transformer",
-        {"n_layers": 2, "n_heads": 2, "d_model": 16, "d_mlp": 32},
-        vocab_size=tunnel.vocab_size,
-        num_classes=tunnel.num_classes,
-        max_len=tunnel.seq_len(),
-        generator=torch.Generator().manual_seed(0),
-    )
+    model = _small_transformer(tunnel)
     episode = tunnel.sample(5, generator=torch.Generator().manual_seed(1))
     model.train()
     with torch.no_grad():
@@ -529,17 +530,8 @@ def test_an_eval_set_moved_to_a_device_holds_the_same_sequences():
 def test_a_predictor_runs_where_its_model_lives_and_an_eval_set_moves_every_episode():
     # "meta" is a device every machine has (shapes and dtypes only): a move to it is seen
     # without a GPU, and a forward that stayed on the host would fail against meta weights.
-    from windtunnel.models import build_model
-
     tunnel = BijectionTunnel(V=6, L=6)
-    model = build_model(
-        "transformer",
-        {"n_layers": 1, "n_heads": 2, "d_model": 16, "d_mlp": 32},
-        vocab_size=tunnel.vocab_size,
-        num_classes=tunnel.num_classes,
-        max_len=tunnel.seq_len(),
-        generator=torch.Generator().manual_seed(0),
-    ).to("meta")
+    model = _small_transformer(tunnel).to("meta")
     episode = tunnel.sample(5, generator=torch.Generator().manual_seed(1))
     predicted = model_predictor(model)(episode)
     assert predicted.device.type == "meta" and predicted.shape == episode.posterior.shape and predicted.dtype == torch.float64

@@ -13,9 +13,13 @@ from windtunnel.memory import check_fits, format_bytes
 from windtunnel.tunnels import make_tunnel
 
 
+def _tensors(episode) -> list[torch.Tensor]:
+    return [v for f in dataclasses.fields(episode) if torch.is_tensor(v := getattr(episode, f.name))]
+
+
 def _held_bytes(episode) -> int:
     """The oracle: bytes of every tensor the returned episode holds (what a draw must keep)."""
-    return sum(v.nbytes for f in dataclasses.fields(episode) if torch.is_tensor(v := getattr(episode, f.name)))
+    return sum(v.nbytes for v in _tensors(episode))
 
 
 @pytest.mark.parametrize(
@@ -69,7 +73,7 @@ def test_the_estimate_is_exactly_the_bytes_each_sequence_holds(name, overrides, 
     tunnel = make_tunnel(name, overrides=overrides)
     batch = 13
     episode = tunnel.sample(batch, generator=torch.Generator().manual_seed(1), horizon=horizon)
-    tensors = [v for f in dataclasses.fields(episode) if torch.is_tensor(v := getattr(episode, f.name))]
+    tensors = _tensors(episode)
     assert all(v.dim() == 0 or v.shape[0] != batch or batch not in v.shape[1:] for v in tensors)
     per_batch = sum(v.nbytes for v in tensors if v.dim() > 0 and v.shape[0] == batch)
     assert tunnel.sample_bytes(batch, horizon) == per_batch

@@ -41,14 +41,10 @@ def _default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(commands.choices)
-
-
 def reference() -> str:
     parser = _parser()
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    subcommands = dict(commands.choices)
     summary = {choice.dest: choice.help for choice in commands._choices_actions}
     lines = [
         "# Command-line reference",
@@ -60,10 +56,10 @@ def reference() -> str:
         "",
         "| command | what it does |",
         "|---|---|",
-        *(f"| [`windtunnel {name}`](#windtunnel-{name}) | {_cell(summary[name])} |" for name in subcommands(parser)),
+        *(f"| [`windtunnel {name}`](#windtunnel-{name}) | {_cell(summary[name])} |" for name in subcommands),
         "",
     ]
-    for name, sub in subcommands(parser).items():
+    for name, sub in subcommands.items():
         lines += [f"## windtunnel {name}", "", _cell(sub.description), "",
                   "| argument | required | default | what it is |", "|---|---|---|---|"]
         for action in sub._actions:
