@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-# The main job (100 minutes on 2 AVX-512 cores, longer on slower ones; README, Set-up): the CPU-scale reproduction of the paper into reproduction/, report in
+# The main job (100 minutes on 2 AVX-512 cores, longer on slower ones; docs/reproducing.md): the CPU-scale reproduction of the paper into reproduction/, report in
 # reproduction/report/index.html. Run it again after an interruption: it resumes.
 run: install
 	$(BIN)/windtunnel reproduce --scale cpu --out reproduction --resume
@@ -32,7 +32,7 @@ run: install
 tiny: install
 	$(BIN)/windtunnel reproduce --scale tiny --out reproduction-tiny --resume
 
-# The architecture-by-primitive table (README, "Architectures"): transformer, Mamba, LSTM and MLP
+# The architecture-by-primitive table (docs/reproducing.md, the architectures study): transformer, Mamba, LSTM and MLP
 # on the bijection, the HMM and associative recall at two sizes, into reproduction-architectures/.
 architectures: install
 	$(BIN)/windtunnel reproduce --scale cpu --only architectures --out reproduction-architectures --resume
@@ -41,7 +41,7 @@ architectures: install
 test: install-test
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
-# Mutation testing (mutmut) of the packages the README scores, then the score per package
+# Mutation testing (mutmut) of the packages docs/testing.md scores, then the score per package
 # (tools/mutation_score.py). Hours for everything on 2 cores; ONLY narrows it to mutant names,
 # e.g. make mutate ONLY='windtunnel.evaluation.* windtunnel.metrics.*'. Not part of `make test`.
 # The report's tests read a tiny reproduction built once, first, by the unmutated code (2 minutes).

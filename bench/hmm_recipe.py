@@ -59,7 +59,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "baseline": (),  # the preset: 6 layers of width 48, init 0.04, lr 5e-3 after 1,000 warm-up steps, 12,000 steps
     "previous_preset": PREVIOUS_PRESET,
     "older_preset": OLDER_PRESET,
-    # Measured against the previous preset (README, Benchmarks):
+    # Measured against the previous preset (docs/benchmarks.md):
     "depth6_d48": (*PREVIOUS_PRESET, *_DEPTH6),  # 175k parameters vs 207k, deeper
     "depth6_d48_init_std_0.04": (*PREVIOUS_PRESET, *_DEPTH6, "model.init_std=0.04"),  # = baseline
     "depth8_d48": (*PREVIOUS_PRESET, "model.n_layers=8", "model.d_model=48", "model.d_mlp=192"),

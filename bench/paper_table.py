@@ -5,8 +5,8 @@ and the step's cost on each GPU measured, from the saved files alone.
 
 Reads each run's ``provenance.json`` (device, precision, steps/s, wall time, commit),
 ``metrics.jsonl`` (the last evaluation; where a time limit stopped it) and
-``RESULTS/bench/step_<GPU>.json`` (``bench/step.py`` on that GPU). The README's paper-scale
-tables are this script's output. The fraction of peak is the step's FLOP/s over the H200's
+``RESULTS/bench/step_<GPU>.json`` (``bench/step.py`` on that GPU). The paper-scale
+tables of docs/reproducing.md are this script's output. The fraction of peak is the step's FLOP/s over the H200's
 dense bf16 rate measured on this project's machines (about 790 TFLOP/s on an 8192^3 matmul).
 """
 

@@ -137,7 +137,7 @@ def test_the_papers_numbers_pass_unless_the_authors_own_results_fail_the_claim()
         if claim.paper.values is None:
             continue
         assert claim.paper_holds() is (claim.paper.authors_fail is None), claim.key
-    # Where the paper publishes numbers (SPEC §7, the authors' README and results).
+    # Where the paper publishes numbers (docs/protocol.md §7, the authors' README and results).
     published = {c.key for c in CLAIMS if c.paper.values is not None}
     assert published == {"bijection_accuracy", "bijection_separation", "hmm_k20", "hmm_k30", "hmm_k50",
                          "hmm_separation", "late_attention", "head_ablation", "key_orthogonality"}
@@ -249,7 +249,7 @@ def per_run(row_stats: dict, values: list[float], metric: str) -> None:
 
 def test_each_seed_is_judged_on_its_own_and_the_split_is_shown():
     # K = 50, criterion kl < 0.1: the median of (0.05, 0.117, 0.096) holds, seed 1 fails alone
-    # (the README's AVX-512 run). K = 20: all three hold. K = 30 (< 0.05): two of three fail.
+    # (the AVX-512 run of docs/results.md). K = 20: all three hold. K = 30 (< 0.05): two of three fail.
     table = comparison(OURS_HMM, {"transformer": {h: {"kl_bits": 0.0} for h in (20, 30, 50)}}, 20)
     horizons = table["models"]["transformer"]["horizons"]
     per_run(horizons["20"], [0.0027, 0.0022, 0.0027], "kl_bits")

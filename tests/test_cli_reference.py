@@ -1,5 +1,5 @@
 """The command-line reference in docs/cli.md is the parser's, and every command the README
-shows is one the parser accepts."""
+and the docs show is one the parser accepts."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def test_every_subcommand_and_option_argparse_prints_is_in_the_reference():
 
 
 def _readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    """Every command line in the shell blocks of the README and the docs pages."""
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     commands = []
     for block in re.findall(r"^```(?:bash|sh|console)\n(.*?)^```", text, flags=re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():

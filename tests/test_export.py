@@ -159,9 +159,9 @@ def test_controls_are_refused(kind, config):
         to_hooked_transformer(model)
 
 
-def test_readme_table_is_the_librarys():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert hook_table_markdown() in readme
+def test_the_docs_table_is_the_librarys():
+    page = (Path(__file__).parents[1] / "docs" / "export.md").read_text()
+    assert hook_table_markdown() in page
 
 
 # --- the command: a tiny trained run, exported and loaded back -----------------------------

@@ -236,7 +236,7 @@ def test_cpu_and_paper_plans_resolve(scale, tmp_path):
     assert (twin.floor, twin.grid) == (0.05, 0.01)
     assert configs["bijection_replacement_mlp_seed0"].tunnel.with_replacement
     assert configs["bijection_replacement_mlp_seed0"].tunnel.L == 19
-    # The twin trains on the same stream as the with-replacement transformer preset (SPEC §5).
+    # The twin trains on the same stream as the with-replacement transformer preset (docs/protocol.md §5).
     transformer_preset = load_run_config(configs_folder(SCALES[scale]) / "bijection_replacement_transformer.toml")
     assert configs["bijection_replacement_mlp_seed0"].train.curriculum == transformer_preset.train.curriculum
     assert configs["bijection_replacement_mlp_seed0"].tunnel == transformer_preset.tunnel

@@ -100,7 +100,7 @@ def test_defaults_fill_missing_sections():
 
 @pytest.mark.parametrize("scale", ["paper", "cpu"])
 def test_protocol_is_identical_across_architectures_within_a_task(scale):
-    """SPEC §5: within a task every model sees the same tunnel, training and evaluation."""
+    """docs/protocol.md §5: within a task every model sees the same tunnel, training and evaluation."""
     folder = CONFIGS / scale
     assert {p.stem for p in folder.glob("*.toml")} == {
         "bijection_transformer", "bijection_mlp", "bijection_lstm", "bijection_mamba", "bijection_replacement_transformer",

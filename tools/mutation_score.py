@@ -17,8 +17,8 @@ mutant made the tests hang), as mutmut itself counts it.
     python tools/mutation_score.py [--survivors] [--markdown] [--save results/mutation/score.json]
 
 ``--survivors`` lists every scored survivor by name; ``--markdown`` prints the table the
-README shows instead of JSON; ``--save`` also writes the scores with their provenance (the
-command, the processor, the commit, mutmut's version) for the README's table. mutmut numbers a function's mutants in the order it
+docs/testing.md shows instead of JSON; ``--save`` also writes the scores with their provenance (the
+command, the processor, the commit, mutmut's version) for the table in docs/testing.md. mutmut numbers a function's mutants in the order it
 generates them, so an equivalent listed by name stays valid until that function changes.
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutation_equivalent.toml"
 
-#: The packages the README scores, by the module-name prefix of their mutants (a prefix that
+#: The packages docs/testing.md scores, by the module-name prefix of their mutants (a prefix that
 #: is scored on its own row is left out of its parent's). The figures are a row of their own:
 #: most of their mutants change how a plot looks (a colour, a font size), not what it shows.
 PACKAGES = {
@@ -253,13 +253,13 @@ def print_table(result: dict[str, dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--survivors", action="store_true", help="list every scored survivor by name")
-    parser.add_argument("--markdown", action="store_true", help="print the README's table instead of JSON")
+    parser.add_argument("--markdown", action="store_true", help="print docs/testing.md's table instead of JSON")
     parser.add_argument("--save", type=Path, help="also write the scores and their provenance to this JSON file")
     parser.add_argument("--mutants", type=Path, action="append", help="a mutmut mutants/ folder (repeatable; default: ./mutants)")
     parser.add_argument("--command", default="make mutate", help="what produced the results, for the provenance")
     parser.add_argument("--sample", type=Path, help="count only the mutants named in this file (one per line): a random sample's")
     parser.add_argument("--rescore", type=Path, help="update a file --save wrote from a rerun of its survivors (see rescore())")
-    parser.add_argument("--table-from", type=Path, help="print the README's table from a file --save wrote (no mutmut results needed)")
+    parser.add_argument("--table-from", type=Path, help="print docs/testing.md's table from a file --save wrote (no mutmut results needed)")
     args = parser.parse_args(argv)
     if args.table_from:
         print_table(json.loads(args.table_from.read_text())["packages"])

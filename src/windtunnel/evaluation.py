@@ -7,7 +7,7 @@ same way, in one batched forward pass per batch of sequences. Entropies and KL a
 where the predictions are (on the GPU for a model there); only the per-sequence, per-position
 numbers ``[N, P]`` come back to the host, once per evaluation, for the means and intervals.
 
-Metrics (SPEC §1), all in bits and reported side by side:
+Metrics (docs/protocol.md §1), all in bits and reported side by side:
 
 - ``mae_aggregate_bits``: mean over positions of |mean over sequences of (H_model - H_Bayes)|
   (the paper's figure, on sequence-averaged entropies);
@@ -230,7 +230,7 @@ def score_relabeling(
     predictor: Predictor, eval_set: EvalSet, tunnel: Any, *, seed: int, bootstrap: int = 1000, level: float = 0.95
 ) -> dict[str, Any]:
     """Per-sequence MAE on the held-out sequences and on the same sequences under a random
-    relabeling of the hidden states (SPEC §3; Fig 8). A model that filters keeps ΔMAE ≈ 0.
+    relabeling of the hidden states (docs/protocol.md §3; Fig 8). A model that filters keeps ΔMAE ≈ 0.
 
     ΔMAE ≈ 0 alone does not show filtering: a predictor that ignores the header is exactly
     as (in)accurate after a relabeling. ``mae_bits_prior`` is the scale to read it against:

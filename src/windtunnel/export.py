@@ -185,7 +185,7 @@ def trace_activation(tl_model: nn.Module, cache: Any, name: str) -> Tensor:
 
 
 def hook_table_markdown() -> str:
-    """:data:`HOOK_MATCHES` as the Markdown table of the README's "Exporting to TransformerLens"."""
+    """:data:`HOOK_MATCHES` as the Markdown table of docs/export.md."""
     lines = ["| windtunnel trace name | TransformerLens hook | from the hook to ours |", "|---|---|---|"]
     for match in HOOK_MATCHES:
         how = {"same": "as is", "heads": "`.transpose(1, 2)`: `[B, T, H, …]` → `[B, H, T, …]`"}[match.layout]

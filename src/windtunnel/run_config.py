@@ -99,7 +99,7 @@ class CurriculumConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How a model is trained (SPEC §5 gives the paper's values; these defaults are the bijection's).
+    """How a model is trained (docs/protocol.md §5 gives the paper's values; these defaults are the bijection's).
 
     Args:
         steps: optimizer steps; every step draws a fresh batch.

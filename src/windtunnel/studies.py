@@ -47,7 +47,7 @@ AUTHORS_BIJECTION = ("tunnel.with_replacement=true",)
 
 #: The curriculum of configs/cpu/bijection_replacement_transformer.toml, given to its MLP twin
 #: at the scales that use the CPU presets: within a task every model sees the same training
-#: stream (SPEC §5; tests/test_reproduce.py holds the two equal).
+#: stream (docs/protocol.md §5; tests/test_reproduce.py holds the two equal).
 CPU_REPLACEMENT_CURRICULUM = (
     "tunnel.repeat_window=1",
     "train.curriculum.param=repeat_rate",
@@ -308,8 +308,8 @@ CPU_PRIMITIVES_CUTS = (
     "cosine decay, soft targets, for every architecture of a tunnel alike.",
     "Smaller tunnels: the bijection at V = 16 (the paper: 20); the HMM with S = M = 2 and K = 12 (the paper: 5, 5, 20), "
     "its header on the 0.05 grid; associative recall with 4 and 8 stored pairs of 16 keys and 16 values (the paper "
-    "gives no size). Each transformer's depth and peak learning rate were chosen by measurement on seed 0 (README, "
-    "Architectures): 3 layers at 2e-3 learned recall late or not at all within 3,000 steps, 2 layers at 1e-3 learned it.",
+    "gives no size). Each transformer's depth and peak learning rate were chosen by measurement on seed 0 (docs/reproducing.md, "
+    "the architectures study): 3 layers at 2e-3 learned recall late or not at all within 3,000 steps, 2 layers at 1e-3 learned it.",
     "Mamba with d_state 4 (the published 16): mambapy's parallel scan materializes [batch, length, d_inner, d_state], "
     "and a Mamba run already takes 5-6 times a transformer's time on a CPU. A smaller state is a handicap where state "
     "capacity matters (binding); the paper-scale presets keep 16.",

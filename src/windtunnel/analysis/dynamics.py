@@ -1,4 +1,4 @@
-"""Training dynamics: the frame-precision dissociation (SPEC §6, Fig 16-17).
+"""Training dynamics: the frame-precision dissociation (docs/protocol.md §6, Fig 16-17).
 
 The paper's claim: over training, the attention maps (the "frame": which earlier tokens
 each position reads) settle early, while the geometry of the representations (the

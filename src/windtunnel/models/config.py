@@ -43,7 +43,7 @@ def _check_positive(name: str, value: int | None) -> None:
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """A pre-norm causal transformer (SPEC §4).
+    """A pre-norm causal transformer (docs/protocol.md §4).
 
     Args:
         n_layers: number of residual blocks.
@@ -96,7 +96,7 @@ class TransformerConfig:
 
 @dataclass(frozen=True)
 class MLPConfig:
-    """The capacity-matched, attention-free control (SPEC §4).
+    """The capacity-matched, attention-free control (docs/protocol.md §4).
 
     A per-position stack of residual MLP blocks on the same token + position
     embeddings as the transformer. Leave ``n_blocks`` and/or ``d_hidden`` as ``None``

@@ -1,4 +1,4 @@
-"""The capacity-matched, attention-free control (SPEC §4).
+"""The capacity-matched, attention-free control (docs/protocol.md §4).
 
 The same token + position embeddings and class head as the transformer, but the blocks
 are residual MLPs applied to each position separately (``LN -> Linear -> GELU -> Linear

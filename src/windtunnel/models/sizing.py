@@ -3,7 +3,7 @@
 The paper's control has 18-20 residual blocks of width 384-400 and about as many
 parameters as the transformer (within 1%). Those widths fit the bijection transformer
 (~2.68M with our embeddings and head). The HMM transformer's true size is ~7.1M, not
-the 2.68M the paper states (SPEC §4), so for it we keep 18-20 blocks and widen them
+the 2.68M the paper states (docs/protocol.md §4), so for it we keep 18-20 blocks and widen them
 (width ~690-770 at ``d_model = 256``) rather than match a number the model does not have.
 
     >>> sizing = size_mlp(2_683_988, d_model=192, vocab_size=40, num_classes=20, max_len=39)

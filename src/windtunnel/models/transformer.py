@@ -1,4 +1,4 @@
-"""The pre-norm causal transformer of the paper (SPEC §4).
+"""The pre-norm causal transformer of the paper (docs/protocol.md §4).
 
 Learned token and absolute position embeddings, ``n_layers`` pre-norm blocks
 (``LN -> causal multi-head attention -> +``, ``LN -> GELU MLP -> +``), a final LayerNorm

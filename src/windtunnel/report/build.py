@@ -4,7 +4,7 @@ Reads only what the reproduction saved in its folder ``DIR``: its manifest
 ``DIR/reproduce.json`` (the scale, its cuts, the runs), each run's ``config.json`` and
 ``metrics.jsonl``, and ``DIR/analysis/<group>/<name>.json`` with the PNGs beside them; and
 writes ``DIR/report/index.html`` and ``DIR/report/report.md``: the claim table, Table 1, each
-figure of the paper (SPEC §6) that the reproduction made, the runs, and what the scale
+figure of the paper (docs/protocol.md §6) that the reproduction made, the runs, and what the scale
 cut relative to the paper. So ``windtunnel report DIR`` rebuilds the same report from the
 folder alone (read through :mod:`windtunnel.report.folder`), and nothing here imports the
 reproduction's plan (``windtunnel.reproduce``, which imports the folder module to write the manifest).
@@ -151,7 +151,7 @@ def claims_table(
         [*columns, "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
          "ours, stricter or other measures", "random init (holds?)", "criterion"],
         rows,
-        caption=f"Claims of the paper (SPEC §7) against this reproduction, each on the paper's metric and, where this "
+        caption=f"Claims of the paper (windtunnel's docs/protocol.md §7) against this reproduction, each on the paper's metric and, where this "
         f"scale trains it, its task variant; our numbers are {scale}-scale. 'paper passes?' applies the criterion to "
         "the paper's own published number; 'random init' applies it to the same analyses of every run's initial "
         "weights, which must not pass. Claims over seeds are decided on the median; where the claim's number is one "

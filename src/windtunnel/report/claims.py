@@ -110,7 +110,7 @@ def tally(verdicts: Sequence[Verdict], *, pending: bool = False) -> str:
     return text
 
 
-#: Every claim of SPEC §7 (and the figures' qualitative claims), in report order.
+#: Every claim of docs/protocol.md §7 (and the figures' qualitative claims), in report order.
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         "bijection_accuracy", "Bijection: the transformer's entropy matches Bayes",

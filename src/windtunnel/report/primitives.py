@@ -64,7 +64,7 @@ class PaperVerdict:
 #: The paper's verdicts (arXiv 2512.22471 v3+ abstract: the transformer realizes all three
 #: primitives, Mamba accumulation and transport and "struggles" with binding, the LSTM
 #: accumulation only, the MLP none) and the authors' published numbers where there are any
-#: (their README and jlens note; ``research/mission_anchors.md``). Their Mamba is a
+#: (their README and jlens note; docs/protocol.md §7). Their Mamba is a
 #: simplified hand-written block; ours is the published one.
 PAPER: dict[tuple[str, str], PaperVerdict] = {
     ("transformer", "belief accumulation"): PaperVerdict("realizes", "0.007 mae_bits (bijection V = 20)"),

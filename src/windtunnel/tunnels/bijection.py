@@ -1,4 +1,4 @@
-"""Wind tunnel 1: bijection elimination (SPEC §2).
+"""Wind tunnel 1: bijection elimination (docs/protocol.md §2).
 
 Each sequence draws a fresh uniformly random bijection ``pi`` of ``{0..V-1}`` and shows
 ``L`` input-output pairs. Token layout (``T = 2L``, plus one with ``query``)::

@@ -1,4 +1,4 @@
-"""Wind tunnel 2: HMM state tracking by filtering (SPEC §3).
+"""Wind tunnel 2: HMM state tracking by filtering (docs/protocol.md §3).
 
 Each sequence draws a fresh HMM with ``S`` hidden states and ``M`` symbols: every row
 of the transition matrix ``T`` (``[S, S]``) and of the emission matrix ``E`` (``[S, M]``)
