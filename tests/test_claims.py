@@ -553,33 +553,41 @@ def _hmm_results(kl_bits: float) -> dict:
 
 
 def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_differs_from_the_trained_one():
-    from windtunnel.report.build import claims_table
+    from windtunnel.report.build import claim_tables
     from windtunnel.report.html import NOT_YET_RUN
 
     trained = {**_bijection_results(0.004), **_hmm_results(0.02)}  # bijection holds (< 0.02); HMM K=20 fails (>= 0.01)
     initial = {**_bijection_results(0.9), **_hmm_results(0.001)}  # and the reverse at initialization
-    table = claims_table(trained, initial, "cpu")
-    header = table.columns
-    assert header[:2] == ["claim", "holds?"] and header[6] == "random init (holds?)"
-    rows = {row[0]: row for row in table.rows}
-    bijection, hmm_k20 = rows[BY_KEY["bijection_accuracy"].claim], rows[BY_KEY["hmm_k20"].claim]
-    assert bijection[1] == "yes" and bijection[6] == "0.9 bits mae_aggregate_bits (without replacement) (no)"
-    assert hmm_k20[1] == "no" and hmm_k20[6] == "0.001 bits kl_bits (no floor, grid 0.05) (yes)"
-    assert bijection[4] == "0.004 bits mae_aggregate_bits (without replacement)" and bijection[5] == "mae_bits 0.03; kl_bits 0.001"
-    assert bijection[7] == BY_KEY["bijection_accuracy"].criterion
+    verdicts, numbers = claim_tables(trained, initial, "cpu")
+    assert verdicts.columns == ["claim", "holds?", "criterion", "paper passes?", "random init holds? (must be no)"]
+    assert numbers.columns == ["claim", "the paper's number (metric, task variant)", "ours (cpu scale)",
+                               "ours, stricter or other measures", "random init"]
+    assert [row[0] for row in verdicts.rows] == [row[0] for row in numbers.rows] == [c.claim for c in CLAIMS]
+    rows = {row[0]: row for row in verdicts.rows}
+    values = {row[0]: row for row in numbers.rows}
+    bijection, hmm_k20 = (BY_KEY[key].claim for key in ("bijection_accuracy", "hmm_k20"))
+    assert rows[bijection][1] == "yes" and rows[bijection][4] == "no"
+    assert values[bijection][4] == "0.9 bits mae_aggregate_bits (without replacement)"
+    assert rows[hmm_k20][1] == "no" and rows[hmm_k20][4] == "yes" and values[hmm_k20][4] == "0.001 bits kl_bits (no floor, grid 0.05)"
+    assert values[bijection][2] == "0.004 bits mae_aggregate_bits (without replacement)"
+    assert values[bijection][3] == "mae_bits 0.03; kl_bits 0.001"
+    assert rows[bijection][2] == BY_KEY["bijection_accuracy"].criterion
+    assert values[bijection][1].startswith(BY_KEY["bijection_accuracy"].paper.number)
     # A claim with no result: n/a at initialization, or "not yet run" while the folder waits for its runs.
-    seeds = rows[BY_KEY["seeds"].claim]
-    assert seeds[1] == "n/a" and seeds[6] == "n/a"
-    waiting = {row[0]: row for row in claims_table(trained, initial, "paper", pending=True).rows}[BY_KEY["seeds"].claim]
-    assert waiting[1] == NOT_YET_RUN and waiting[4] == NOT_YET_RUN and waiting[6] == NOT_YET_RUN
+    seeds = BY_KEY["seeds"].claim
+    assert rows[seeds][1] == "n/a" and rows[seeds][4] == "n/a" and values[seeds][4] == "n/a"
+    waiting_verdicts, waiting_numbers = claim_tables(trained, initial, "paper", pending=True)
+    waiting = {row[0]: row for row in waiting_verdicts.rows}[seeds]
+    assert waiting[1] == NOT_YET_RUN and waiting[4] == NOT_YET_RUN
+    assert {row[0]: row for row in waiting_numbers.rows}[seeds][2::2] == [NOT_YET_RUN, NOT_YET_RUN]
     waiting_words = f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet."
-    assert claims_table(trained, initial, "paper", pending=True).caption.endswith(waiting_words)
-    assert waiting_words not in table.caption
-    # Another scale's verdicts beside: a column of its own, after ours.
-    beside = claims_table(trained, initial, "paper", beside=("cpu", {**_bijection_results(0.5), **_hmm_results(0.001)}))
+    assert waiting_verdicts.caption.endswith(waiting_words)
+    assert waiting_words not in verdicts.caption
+    # Another scale's verdicts beside: a column of their own, after ours.
+    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", {**_bijection_results(0.5), **_hmm_results(0.001)}))
     assert beside.columns[2] == "holds at cpu scale?"
     rows = {row[0]: row for row in beside.rows}
-    assert rows[BY_KEY["bijection_accuracy"].claim][1:3] == ["yes", "no"] and rows[BY_KEY["hmm_k20"].claim][1:3] == ["no", "yes"]
+    assert rows[bijection][1:3] == ["yes", "no"] and rows[hmm_k20][1:3] == ["no", "yes"]
 
 
 def test_the_tally_counts_what_is_waiting_and_names_every_split_claim():
@@ -775,7 +783,7 @@ def test_table1_and_the_figures_skip_the_groups_a_folder_does_not_hold(tmp_path)
     sections = _claims_sections(tmp_path, {"hmm": {"model_comparison": table}}, "tiny", [])
     # the one figure whose analysis the folder holds: the MLP control's, of group hmm
     assert [s.title for s in sections] == ["Claims", "The paper's Table 1: error by model and horizon",
-                                           "Fig 10: the MLP control, and Table 1's curves"]
+                                           "The MLP control, and Table 1's curves (the paper's Fig 10)"]
     assert [f.path.parent.name for f in sections[2].figures] == ["hmm"]
 
 

@@ -419,3 +419,16 @@ def test_render_markdown_is_the_file_written_and_its_inline_pieces_are_exact(bui
     assert "figures/01_Fig_A.png" in render_markdown(Report("T", "", [Section("S", "", figures=[Figure(upper, "A", "")])]))
     text = render_markdown(Report("T", "", [Section("S", "ends with X")]))
     assert text.endswith("\n\nends with X\n") and not text.endswith("\n\n")
+
+
+def test_a_section_note_is_set_apart_under_its_title_escaped_in_both_outputs():
+    from windtunnel.report.html import render_html, render_markdown
+
+    report = Report("T", "", [Section("Claims", "The prose.", note="Read <this> first: `make run`.\n\nSecond | part.",
+                                      tables=[Table(["a"], [["1"]])])])
+    page = render_html(report)
+    first = page.index('<p class="note">Read &lt;this&gt; first: <code>make run</code>.</p>')
+    assert first < page.index('<p class="note">Second | part.</p>') < page.index("<p>The prose.</p>") < page.index("<table")
+    markdown = render_markdown(report)
+    assert "\n> Read \\<this\\> first: `make run`.\n\n> Second \\| part.\n\nThe prose.\n" in markdown
+    assert 'class="note"' not in render_html(Report("T", "", [Section("Claims", "The prose.")]))

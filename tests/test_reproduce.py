@@ -19,9 +19,10 @@ from matplotlib import image
 import windtunnel.report.build as report_build
 import windtunnel.report.folder as report_folder
 from windtunnel.cli import main
-from windtunnel.report.build import FIGURE_PLAN
+from windtunnel.report.build import FIGURE_PLAN, figure_section_title
 from windtunnel.report.claims import CLAIMS, evaluate_claims
 from windtunnel.report.folder import INIT_DIR, load_results
+from windtunnel.report.figures import SAVE_DPI
 from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.run_config import load_run_config
 from windtunnel.studies import GROUPS, PRESET_NAMES, SCALES, configs_folder
@@ -40,6 +41,7 @@ class _Page(HTMLParser):
         self.headings: list[str] = []
         self.images: list[str] = []
         self.rows: list[list[str]] = []
+        self.captions: list[str] = []
         self._in: str | None = None
         self._cell = ""
 
@@ -57,6 +59,8 @@ class _Page(HTMLParser):
                 self.headings.append(self._cell.strip())
             elif tag in ("td", "th"):
                 self.rows[-1].append(self._cell.strip())
+            else:
+                self.captions.append(" ".join(self._cell.split()))
             self._in = None
 
     def handle_data(self, data):
@@ -104,25 +108,35 @@ def test_random_init_passes_no_claim(tiny):
 def test_report_lists_every_figure_and_claim(tiny):
     page = _Page()
     page.feed((tiny / "report" / "index.html").read_text())
-    for title, _, _ in FIGURE_PLAN:  # every figure of the paper, the seeds overlay included (2 bijection seeds)
-        assert any(title in heading for heading in page.headings), title
+    for title, paper_figure, _, _ in FIGURE_PLAN:  # every figure of the paper, the seeds overlay included (2 bijection seeds)
+        assert figure_section_title(title, paper_figure) in page.headings, title
     expected_figures = sum(
-        (tiny / "analysis" / group / f"{name}.png").is_file() for _, _, figures in FIGURE_PLAN for group, name, _ in figures
+        (tiny / "analysis" / group / f"{name}.png").is_file() for _, _, _, figures in FIGURE_PLAN for group, name, _ in figures
     )
     assert expected_figures >= 20 and len(page.images) == expected_figures
     assert all(src.startswith("data:image/png;base64,") for src in page.images)
-    claim_rows = [row for row in page.rows if row and row[0] in {c.claim for c in CLAIMS}]
-    assert [row[0] for row in claim_rows] == [c.claim for c in CLAIMS]
+    named = [row for row in page.rows if row and row[0] in {c.claim for c in CLAIMS}]
+    claim_rows, number_rows = named[:len(CLAIMS)], named[len(CLAIMS):]  # the claim table, then the numbers behind it
+    assert [row[0] for row in claim_rows] == [row[0] for row in number_rows] == [c.claim for c in CLAIMS]
     # Every claim was measured (its analysis ran); at tiny scale many do not hold, which is fine.
     # A verdict over several seeds also says how each seed fares alone ("no; 0 of 2 seeds hold").
     verdict_cell = re.compile(r"^(yes|no)(; \d+ of 2 seeds holds?)?$")
     assert all(verdict_cell.match(row[1]) for row in claim_rows), [row for row in claim_rows if not verdict_cell.match(row[1])]
     assert any(";" in row[1] for row in claim_rows)  # the tiny scale trains 2 bijection seeds: their rows are split out
-    header = next(row for row in page.rows if row and row[0] == "claim")
-    assert header[1] == "holds?" and header[3] == "paper passes?" and header[6] == "random init (holds?)" and "tiny" in header[4]
+    verdict_header, numbers_header = [row for row in page.rows if row and row[0] == "claim"]
+    assert verdict_header == ["claim", "holds?", "criterion", "paper passes?", "random init holds? (must be no)"]
+    assert numbers_header[2] == "ours (tiny scale)"
     paper = {c.claim: c.paper_holds() for c in CLAIMS}
     assert all(row[3] == {True: "yes", False: "no", None: "n/a"}[paper[row[0]]] for row in claim_rows)
+    assert all(row[2] == next(c.criterion for c in CLAIMS if c.claim == row[0]) for row in claim_rows)
+    assert all(len(row) == len(numbers_header) for row in number_rows)
+    # One figure numbering: the page's own; the paper's figure is named in the section title.
+    assert page.captions and all(re.match(r"Figure \d+\. [A-Z]", c) and "Fig " not in c.split(".")[1] for c in page.captions)
+    # What a tiny-scale verdict means, said above the claim table (a callout; a quote in Markdown).
+    text = (tiny / "report" / "index.html").read_text()
+    assert text.index('<p class="note">Tiny scale is a smoke test') < text.index('id="table-1"')
     markdown = (tiny / "report" / "report.md").read_text()
+    assert "\n> Tiny scale is a smoke test" in markdown
     unescaped = markdown.replace("\\", "")  # the Markdown escapes punctuation with backslashes
     assert all(claim.claim in unescaped for claim in CLAIMS)
     assert "figure missing" not in markdown
@@ -132,7 +146,7 @@ def test_the_manifest_lists_the_scale_and_every_run(tiny):
     """reproduce.json holds what the report needs besides the runs' and analyses' own files."""
     manifest = json.loads((tiny / "reproduce.json").read_text())
     scale = SCALES["tiny"]
-    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs", "study", "planned"}
+    assert set(manifest) == {"scale", "stage", "wall_s", "command", "hardware", "cuts", "runs", "study", "planned", "meaning"}
     assert manifest["study"] == "claims"
     assert manifest["planned"] == [run["name"] for run in manifest["runs"]]  # every planned run is there
     assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
@@ -181,26 +195,156 @@ def test_the_report_imports_nothing_of_the_reproduction():
     assert ours(report_folder) == set()
 
 
-def test_the_report_renders_in_a_real_browser(tiny, tmp_path):
-    """Headless Chromium screenshots the tiny report's first 2400 pixels: the claim table
-    is there with its verdict cells shaded green (holds) and red (does not)."""
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+#: Run in the page by the browser: where each table ends, against the window and its scrolling
+#: wrapper, and where each of its column headings ends. Written into the page as JSON.
+LAYOUT_PROBE = """<script>
+const tables = [...document.querySelectorAll('table')].map(t => ({
+  id: t.id, right: t.getBoundingClientRect().right,
+  wrapper_scroll: t.parentElement.scrollWidth, wrapper_width: t.parentElement.clientWidth,
+  headings: [...t.querySelectorAll('thead th')].map(h => [h.textContent, h.getBoundingClientRect().right])}));
+const out = document.createElement('pre'); out.id = 'layout-probe';
+out.textContent = JSON.stringify({window: window.innerWidth, page: document.documentElement.scrollWidth, tables});
+document.body.appendChild(out);
+</script>"""
+
+
+def _browser() -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
         pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it); browser check not run")
+    return browser
+
+
+def _layout(page: Path, width: int, tmp_path: Path, extra_css: str = "") -> dict:
+    """The report's layout as Chromium lays it out in a window ``width`` pixels wide. The page
+    forbids scripts (its Content-Security-Policy): the probe runs in a copy without that line."""
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>\n', "", page.read_text())
+    assert "Content-Security-Policy" not in text
+    probed = tmp_path / f"probed_{width}.html"
+    probed.write_text(text.replace("</body>", f"<style>{extra_css}</style>{LAYOUT_PROBE}</body>"))
+    command = [_browser(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000",
+               "--dump-dom", probed.resolve().as_uri()]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', result.stdout, re.S)
+    assert result.returncode == 0 and found, result.stderr[-2000:]
+    import html
+
+    return json.loads(html.unescape(found[1]))
+
+
+def _overflows(layout: dict) -> list[str]:
+    """What sticks out of a window: the page, a table past its wrapper, a claim-table heading
+    whose column ends off-screen (1 pixel of rounding allowed)."""
+    width = layout["window"]
+    problems = [f"page {layout['page']} px wide in a {width} px window"] if layout["page"] > width else []
+    for table in layout["tables"]:
+        if table["wrapper_scroll"] > table["wrapper_width"] or table["right"] > width + 1:
+            problems.append(f"{table['id']} ends at {table['right']:.0f} px (scrolls {table['wrapper_scroll']} in {table['wrapper_width']})")
+        problems += [f"{table['id']} column {name!r} ends at {right:.0f} px" for name, right in table["headings"] if right > width + 1]
+    return problems
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_report_fits_a_browser_window_and_shows_its_verdicts(tiny, tmp_path, width):
+    """Headless Chromium at 1,280 and 1,920 pixels: no table is wider than the page, the claim
+    table's verdict and criterion columns are on screen, and its verdict cells are shaded green
+    (holds) and red (does not). The same probe reports the overflow of a page whose cells may
+    not wrap: the check can fail."""
+    page = tiny / "report" / "index.html"
+    layout = _layout(page, width, tmp_path)
+    assert layout["window"] == width
+    assert _overflows(layout) == []
+    claims = next(t for t in layout["tables"] if t["headings"][:2] == [["claim", t["headings"][0][1]], ["holds?", t["headings"][1][1]]])
+    assert {"holds?", "criterion"} <= {name for name, _ in claims["headings"]}
+    unwrapped = _overflows(_layout(page, width, tmp_path, extra_css="td, th { white-space: nowrap; }"))
+    assert any("table-1" in problem for problem in unwrapped), unwrapped
+
     shot = tmp_path / "report.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-    command = [browser, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
-               "--window-size=1200,2400", f"--screenshot={shot}", (tiny / "report" / "index.html").resolve().as_uri()]
+    command = [_browser(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},2400",
+               f"--screenshot={shot}", page.resolve().as_uri()]
     result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
     pixels = np.round(image.imread(shot)[..., :3] * 255).astype(int)  # [H, W, 3], decoded by matplotlib
-    assert pixels.shape == (2400, 1200, 3) and pixels.std() > 20
+    assert pixels.shape == (2400, width, 3) and pixels.std() > 20
     for css_color in ((0xDA, 0xFB, 0xE1), (0xFF, 0xEB, 0xE9)):  # td.yes and td.no backgrounds (report/html.py)
         assert (np.abs(pixels - css_color).sum(-1) == 0).sum() > 1000, css_color
 
 
-@pytest.mark.slow  # a resumed reproduction re-checks every run (half a minute): not the report's test
+def _headings(fig) -> list:
+    """The texts of a figure a reader must see whole: titles, axis labels, offset labels,
+    legend entries, colour-bar labels (tick labels excluded: matplotlib keeps hidden ones)."""
+    import matplotlib.text
+
+    ticks = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
+    return [t for t in fig.findobj(matplotlib.text.Text)
+            if id(t) not in ticks and t.get_visible() and t.get_text().strip() and t.figure is not None]
+
+
+def _figure_problems(fig, png: Path) -> list[str]:
+    """Headings cut off by the saved PNG's edges (its size read from the file's header), and
+    titles or offset labels drawn on top of each other."""
+    import itertools
+    import struct
+
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])
+    fig.set_dpi(SAVE_DPI)  # laid out again as savefig drew it: extents in the PNG's pixels
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = _headings(fig)
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    spread_x = max(b.x1 for b in boxes) - min(b.x0 for b in boxes) if boxes else 0
+    spread_y = max(b.y1 for b in boxes) - min(b.y0 for b in boxes) if boxes else 0
+    problems = [f"headings span {spread_x:.0f} x {spread_y:.0f} px in a {width} x {height} px PNG"
+                ] if spread_x > width + 2 or spread_y > height + 2 else []
+    tops = [(t, b) for t, b in zip(texts, boxes) if t in {ax.title for ax in fig.axes} | {fig._suptitle}
+            or t in {axis.offsetText for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)}]
+    problems += [f"{a.get_text()[:40]!r} overlaps {b.get_text()[:40]!r}"
+                 for (a, box_a), (b, box_b) in itertools.combinations(tops, 2) if box_a.overlaps(box_b)]
+    return problems
+
+
+def test_every_figure_shows_its_titles_whole(tiny, tmp_path, monkeypatch):
+    """Each figure of the tiny reproduction, trained and at initialization, drawn again from its
+    saved analysis: no title, label or offset label cut off by the PNG's edges or drawn over
+    another. The check finds a clipped title and a colour bar's offset over a title."""
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    from windtunnel.report.figures import FIGURES, SAVE_DPI as saved_dpi
+
+    assert saved_dpi == SAVE_DPI
+    problems: dict[str, list[str]] = {}
+    savefig = matplotlib.figure.Figure.savefig
+
+    def checked(fig, path, **options):
+        savefig(fig, path, **options)
+        problems[current] = _figure_problems(fig, Path(path))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", checked)
+    drawn = 0
+    for result in sorted([*tiny.glob("analysis/*/*.json"), *tiny.glob(f"{INIT_DIR}/*/*.json")]):
+        if result.stem in FIGURES:
+            current = f"{result.parent.parent.name}/{result.parent.name}/{result.stem}"
+            FIGURES[result.stem](json.loads(result.read_text()), tmp_path / "figure.png")
+            drawn += 1
+    assert drawn >= 40 and len(problems) == drawn
+    assert {name: found for name, found in problems.items() if found} == {}
+
+    monkeypatch.undo()
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.set_title("a title far wider than its two-inch figure, saved without cropping")
+    bar = fig.colorbar(ax.imshow([[1.0, 1.00001]]), ax=ax)
+    bar.ax.yaxis.get_offset_text().set_position((0.5, 1.0))  # offset label raised into the title
+    fig.savefig(tmp_path / "bad.png", dpi=SAVE_DPI)
+    found = _figure_problems(fig, tmp_path / "bad.png")
+    plt.close(fig)
+    assert any("headings span" in p for p in found), found
+
+
 def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):
     before = {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")}
     assert main(["reproduce", "--scale", "tiny", "--out", str(tiny), "--resume"]) == 0

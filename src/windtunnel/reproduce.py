@@ -294,7 +294,8 @@ def reproduce(
     def checkpoint_state(stage: str, wall: float | None = None) -> None:
         """Rewrite the manifest at ``stage``, with the wall time spent (``wall``, else until now)."""
         manifest = Manifest(
-            scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name, planned_names
+            scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name, planned_names,
+            scale.meaning,
         )
         atomic_write_text(out / STATE_FILE, manifest.to_json())
 

@@ -12,6 +12,7 @@ reproduction's plan (``windtunnel.reproduce``, which imports the folder module t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,61 +41,67 @@ from windtunnel.report.folder import (
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.primitives import primitive_sections
 
-__all__ = ["FIGURE_PLAN", "build_report", "claims_table", "stopped_early"]
+__all__ = ["FIGURE_PLAN", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
 
-#: The paper's figures in order: (section title, text, [(group, analysis, caption)]).
-FIGURE_PLAN: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
-    ("Fig 1: bijection calibration",
+#: The paper's figures in order: (section title, the paper's figure, text, [(group, analysis, caption)]).
+#: The report numbers its own figures; the paper's number is named in the section title only.
+FIGURE_PLAN: tuple[tuple[str, str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("Bijection calibration", "Fig 1",
      "Mean model entropy against the exact posterior's, H_Bayes(k) = log2(V − k + 1), by position.",
      (("bijection_transformer", "calibration", "Bijection transformer: mean and single-sequence entropy against Bayes."),)),
-    ("Fig 2: bijection with replacement, per sequence",
+    ("Bijection with replacement, per sequence", "Fig 2",
      "With repeated inputs the exact entropy stays flat when an input is seen again: each trace is a staircase.",
      (("bijection_replacement_transformer", "calibration", "Eight single sequences, with replacement: model against the exact staircase."),)),
-    ("Fig 3: layer ablation",
+    ("Layer ablation", "Fig 3",
      "Each layer removed whole (attention and feed-forward; the residual passes through), error relative to the "
      "intact model, averaged over seeds.",
      (("bijection_transformer", "layer_ablation", "Bijection."), ("hmm_transformer", "layer_ablation", "HMM."))),
-    ("Fig 4: head ablation",
+    ("Head ablation", "Fig 4",
      "Each attention head zeroed in turn: ratio of mae_bits to the intact model.",
      (("bijection_transformer", "head_ablation", "Bijection."), ("hmm_transformer", "head_ablation", "HMM."))),
-    ("Fig 5 and 7: HMM calibration, mean and per sequence",
+    ("HMM calibration, mean and per sequence", "Figs 5 and 7",
      "Mean entropy of the model's state posterior against the forward algorithm's, and eight single sequences.",
      (("hmm_transformer", "calibration", "HMM transformer."),)),
-    ("Fig 6: length generalization",
+    ("Length generalization", "Fig 6",
      "Per-position error at K = 20, 30, 50 for a model trained at K = 20 (dashed line). Positions past the training "
      "length were never trained.",
      (("hmm_transformer", "length_generalization", "HMM transformer."),)),
-    ("Fig 8: relabeling invariance",
+    ("Relabeling invariance", "Fig 8",
      "Per-sequence error before and after a random permutation of the hidden states.",
      (("hmm_transformer", "relabeling", "HMM transformer."),)),
-    ("Fig 9: late attention disabled",
+    ("Late attention disabled", "Fig 9",
      "The HMM transformer trained without attention in its top two layers, against the full model.",
      (("hmm", "late_attention", "Per-position error at each horizon."),)),
-    ("Fig 10: the MLP control, and Table 1's curves",
+    ("The MLP control, and Table 1's curves", "Fig 10",
      "Per-position error of every model; the capacity-matched MLP cannot see other tokens.",
      (("hmm", "model_comparison", "HMM."), ("bijection", "model_comparison", "Bijection."),
       ("hmm_mlp", "calibration", "HMM MLP control: its entropy against Bayes."))),
-    ("Fig 11: seeds",
+    ("Seeds", "Fig 11",
      "Per-position error of each seed overlaid, with the MLP control for scale.",
      (("hmm", "seeds", "HMM."), ("bijection", "seeds", "Bijection."))),
-    ("Fig 14: key orthogonality",
+    ("Key orthogonality", "Fig 14",
      "Cosine similarity between the keys each input token produces; the hypothesis-frame head.",
      (("bijection_transformer", "key_orthogonality", "Bijection."), ("hmm_transformer", "key_orthogonality", "HMM."))),
-    ("Fig 15: query-key sharpening across depth",
+    ("Query-key sharpening across depth", "Fig 15",
      "Where supervised positions attend, layer by layer, and how concentrated that attention is.",
      (("bijection_transformer", "qk_sharpening", "Bijection."), ("hmm_transformer", "qk_sharpening", "HMM."))),
-    ("Fig 16-17: value manifold",
+    ("Value manifold", "Figs 16-17",
      "PCA of the last layer's representations at supervised positions, colored by the exact posterior entropy.",
      (("bijection_transformer", "value_manifold", "Bijection."), ("hmm_transformer", "value_manifold", "HMM."),
       ("hmm_mlp", "value_manifold", "HMM MLP control, for contrast."))),
-    ("Linear probes: the belief state by depth",
+    ("Linear probes: the belief state by depth", "",
      "Ridge regression from the residual stream to the exact posterior and its entropy, held-out sequences.",
      (("bijection_transformer", "linear_probes", "Bijection."), ("hmm_transformer", "linear_probes", "HMM."),
       ("hmm_mlp", "linear_probes", "HMM MLP control."))),
-    ("Frame-precision dissociation: training dynamics",
+    ("Frame-precision dissociation: training dynamics", "",
      "Over the saved snapshots: attention-map change relative to the final model, value-manifold state, and error.",
      (("bijection_transformer", "training_dynamics", "Bijection."), ("hmm_transformer", "training_dynamics", "HMM."))),
 )
+
+
+def figure_section_title(title: str, paper_figure: str) -> str:
+    """A figure section's heading: its subject, and the paper's figure it reproduces."""
+    return f"{title} (the paper's {paper_figure})" if paper_figure else title
 
 
 #: Table 1's comparison groups (see ``studies.GROUPS``): ours, then the authors' variant.
@@ -113,20 +120,23 @@ def _verdict_cell(judged: Verdict, pending: bool = False) -> str:
 Beside = tuple[str, dict[str, dict[str, dict[str, Any]]]]
 
 
-def claims_table(
+def claim_tables(
     results: dict[str, dict[str, dict[str, Any]]],
     at_init: dict[str, dict[str, dict[str, Any]]],
     scale: str,
     *,
     pending: bool = False,
     beside: Beside | None = None,
-) -> Table:
-    """The claim table: the verdict, the paper's number and how it fares under our criterion,
-    ours, our stricter measure, what the runs' initial weights score, the criterion.
+) -> tuple[Table, Table]:
+    """The claim table (each claim's verdict, the criterion that decides it, and the criterion
+    applied to the paper's own number and to the runs' initial weights), then the numbers
+    behind each verdict (the paper's, ours, our stricter measures, the initial weights').
 
-    ``pending``: the folder is filled slice by slice and still lacks runs (a claim without a
-    result reads "not yet run"). ``beside``: another scale's verdicts in a column of their own."""
-    rows = []
+    Two tables so that the verdict and its criterion fit a page: the long measures are one
+    table further down. ``pending``: the folder is filled slice by slice and still lacks runs
+    (a claim without a result reads "not yet run"). ``beside``: another scale's verdicts in a
+    column of their own."""
+    verdict_rows, number_rows = [], []
     other = evaluate_claims(beside[1]) if beside else None
     for index, (ours, init) in enumerate(zip(evaluate_claims(results), evaluate_claims(at_init))):
         claim = ours.claim
@@ -136,29 +146,39 @@ def claims_table(
         # At initialization a claim is not yet run only where the trained claim is too (a
         # training-history claim has no initial counterpart: n/a).
         waiting = pending and ours.measured is None
-        random_init = (NOT_YET_RUN if waiting else "n/a") if init.measured is None else f"{init.ours} ({_verdict_cell(init)})"
-        holds = _verdict_cell(ours, pending)
-        # The verdict sits beside the claim: the table is wider than a page and scrolls sideways.
-        row = [claim.claim, holds]
+        if init.measured is None:
+            init_verdict = init_number = NOT_YET_RUN if waiting else "n/a"
+        else:
+            init_verdict, init_number = _verdict_cell(init), init.ours
+        row = [claim.claim, _verdict_cell(ours, pending)]
         if other is not None:
             row.append(_verdict_cell(other[index]))
-        rows.append([*row, paper, verdict(claim.paper_holds()), ours.ours if ours.measured or not pending else NOT_YET_RUN,
-                     ours.stricter or None, random_init, claim.criterion])
+        verdict_rows.append([*row, claim.criterion, verdict(claim.paper_holds()), init_verdict])
+        number_rows.append([claim.claim, paper, ours.ours if ours.measured or not pending else NOT_YET_RUN,
+                            ours.stricter or None, init_number])
     columns = ["claim", "holds?"]
     if beside:
         columns.append(f"holds at {beside[0]} scale?")
-    return Table(
-        [*columns, "the paper's number (metric, task variant)", "paper passes?", f"ours ({scale} scale)",
-         "ours, stricter or other measures", "random init (holds?)", "criterion"],
-        rows,
-        caption=f"Claims of the paper (windtunnel's docs/protocol.md §7) against this reproduction, each on the paper's metric and, where this "
-        f"scale trains it, its task variant; our numbers are {scale}-scale. 'paper passes?' applies the criterion to "
-        "the paper's own published number; 'random init' applies it to the same analyses of every run's initial "
-        "weights, which must not pass. Claims over seeds are decided on the median; where the claim's number is one "
-        "per run, 'k of n seeds hold' applies the same criterion to each seed's run alone."
+    verdicts = Table(
+        [*columns, "criterion", "paper passes?", "random init holds? (must be no)"],
+        verdict_rows,
+        caption=f"Claims of the paper (windtunnel's docs/protocol.md §7) judged on this {scale}-scale reproduction, each "
+        "on the paper's metric and, where this scale trains it, its task variant. 'paper passes?' applies the criterion "
+        "to the paper's own published number; 'random init holds?' applies it to the same analyses of every run's "
+        "initial weights, which must not pass. Claims over seeds are decided on the median; where the claim's number "
+        "is one per run, 'k of n seeds hold' applies the same criterion to each seed's run alone. The numbers behind "
+        "each verdict are in the next table."
         + (f" 'holds at {beside[0]} scale?' is the verdict of the {beside[0]}-scale reproduction given beside this one." if beside else "")
         + (f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet." if pending else ""),
     )
+    numbers = Table(
+        ["claim", "the paper's number (metric, task variant)", f"ours ({scale} scale)",
+         "ours, stricter or other measures", "random init"],
+        number_rows,
+        caption=f"The numbers behind each verdict of the claim table: the paper's, ours ({scale}-scale) on the same "
+        "metric, our stricter or other measures, and the same analyses of the runs' initial weights.",
+    )
+    return verdicts, numbers
 
 
 def _table1_models(group: dict[str, dict[str, Any]]) -> tuple[str, list[tuple[str, int, dict[str, Any]]], list[int]] | None:
@@ -319,6 +339,7 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
     results = load_results(out)
     if manifest.study == "architectures":
         sections = primitive_sections(results, out / "analysis", load_results(out, INIT_DIR))
+        sections[0] = dataclasses.replace(sections[0], note=manifest.meaning)  # beside the verdict table
         title = "Bayesian wind tunnels: which architecture realizes which inference primitive"
         summary = (
             f"The architecture-by-primitive table of the paper's later versions (arXiv 2512.22471 v3+) at "
@@ -326,7 +347,8 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
             "Each verdict applies the stated criterion to our numbers, beside the paper's verdict."
         )
     else:
-        sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other)
+        sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other,
+                                    meaning=manifest.meaning)
         title = "Bayesian wind tunnels: reproduction report"
         summary = (
             f"A reproduction of 'The Bayesian Geometry of Transformer Attention' (arXiv 2512.22471) at {manifest.scale} "
@@ -364,8 +386,10 @@ def _claims_sections(
     *,
     pending: bool = False,
     beside: Beside | None = None,
+    meaning: str = "",
 ) -> list[Section]:
-    """The claims study's sections: the claim table, Table 1 and the paper's figures."""
+    """The claims study's sections: the claim table, Table 1 and the paper's figures.
+    ``meaning``: what the scale's verdicts mean, shown beside the claim table."""
     at_init = load_results(out, INIT_DIR)
     text = ("Each claim of the paper, the number it reports, ours, and the criterion that decides whether it holds here. "
             f"{tally(evaluate_claims(results), pending=pending)}.")
@@ -373,7 +397,8 @@ def _claims_sections(
     if short:
         text += (f" Runs stopped by their time limit before the protocol's steps: {'; '.join(short)}. Every number read "
                  "from them is of a shorter run than the paper's protocol.")
-    sections = [Section("Claims", text, tables=[claims_table(results, at_init, scale, pending=pending, beside=beside)])]
+    tables = claim_tables(results, at_init, scale, pending=pending, beside=beside)
+    sections = [Section("Claims", text, note=meaning, tables=list(tables))]
     sections.append(
         Section(
             "The paper's Table 1: error by model and horizon",
@@ -381,12 +406,12 @@ def _claims_sections(
             tables=_table1(results),
         )
     )
-    for title, text, figures in FIGURE_PLAN:
+    for title, paper_figure, text, figures in FIGURE_PLAN:
         made = [
             Figure(out / "analysis" / group / f"{name}.png", f"{title.split(':')[0]} — {group}", caption)
             for group, name, caption in figures
             if name in results.get(group, {})
         ]
         if made:
-            sections.append(Section(title, text, figures=made))
+            sections.append(Section(figure_section_title(title, paper_figure), text, figures=made))
     return sections

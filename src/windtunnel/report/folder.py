@@ -106,6 +106,8 @@ class Manifest:
         planned: every run of the scale's plan by name, in plan order; ``runs`` are those in
             the folder. A folder that slices fill (``reproduce --only-runs``) lists the rest
             here, and the report says they are not yet run (empty: every planned run is there).
+        meaning: what the scale's verdicts mean, said beside the claim table (empty in a
+            manifest written without one).
     """
 
     scale: str
@@ -117,6 +119,7 @@ class Manifest:
     runs: tuple[ManifestRun, ...]
     study: str = "claims"
     planned: tuple[str, ...] = ()
+    meaning: str = ""
 
     @property
     def not_yet_run(self) -> tuple[str, ...]:
@@ -156,9 +159,13 @@ class Manifest:
             raise ReportError(f"{str(path)!r} has no valid 'planned' (damaged, or written by a newer windtunnel)")
         if study not in STUDY_NAMES:
             raise ReportError(f"{str(path)!r} has no valid 'study' (one of {', '.join(STUDY_NAMES)}; damaged, or written by a newer windtunnel)")
+        meaning = data.get("meaning", "")
+        if not isinstance(meaning, str):
+            raise ReportError(f"{str(path)!r} has no valid 'meaning' (a text; damaged, or written by a newer windtunnel)")
         return cls(
             study=study,
             planned=tuple(planned),
+            meaning=meaning,
             scale=_field(data, "scale", str, path),
             stage=_field(data, "stage", str, path),
             wall_s=float(_field(data, "wall_s", (int, float), path)),

@@ -180,12 +180,15 @@ class Table:
 
 @dataclass(frozen=True)
 class Section:
-    """A titled part of the report: prose, then its figures, then its tables."""
+    """A titled part of the report: prose, then its figures, then its tables. ``note``: prose
+    set apart under the title (a callout in HTML, a quote in Markdown), for what the reader
+    must know before reading the section's tables."""
 
     title: str
     text: str = ""
     figures: list[Figure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -298,7 +301,8 @@ _CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; background: #eef0f3; color: #1f2328;
   font: 16px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1000px; margin: 0 auto; padding: 2rem 2rem 3rem; background: #fff; min-height: 100vh; }
+main { max-width: 1200px; margin: 0 auto; padding: 2rem 2rem 3rem; background: #fff; min-height: 100vh; }
+main > header, main > section > p, main > section > figure, .summary, nav.toc { max-width: 60rem; }
 h1 { font-size: 1.9rem; line-height: 1.25; margin: 0 0 .6rem; }
 h2 { font-size: 1.4rem; line-height: 1.3; margin: 2.4rem 0 .8rem; padding-bottom: .3rem;
   border-bottom: 1px solid #d0d7de; }
@@ -321,8 +325,14 @@ figure img { display: block; max-width: 100%; height: auto; margin: 0 auto; }
 figcaption { margin-top: .5rem; font-size: .92rem; color: #3d444d; }
 .missing { margin: 0; padding: 1rem; border: 2px dashed #cf222e; border-radius: 6px; background: #fff5f5;
   color: #a40e26; font-weight: 600; overflow-wrap: anywhere; }
+p.note { max-width: 60rem; padding: .6rem 1rem; background: #ddf4ff; border-left: 4px solid #0969da;
+  border-radius: 0 6px 6px 0; }
 .table-wrap { margin: 1.6rem 0; overflow-x: auto; }
 table { border-collapse: collapse; font-size: .92rem; }
+/* A long word may break anywhere, so a table is never wider than the page: the verdict and
+   the criterion columns stay on screen instead of behind a horizontal scrollbar. */
+td { overflow-wrap: anywhere; }
+td:first-child { min-width: 9rem; overflow-wrap: break-word; }  /* a row's name reads whole */
 caption { caption-side: top; text-align: left; padding-bottom: .4rem; font-size: .92rem; color: #3d444d; }
 th, td { border: 1px solid #d0d7de; padding: .35rem .7rem; text-align: left; vertical-align: top; }
 thead th { background: #eaeef2; font-weight: 600; }
@@ -418,7 +428,9 @@ def _render_html(report: Report, images: list[list[_Image]]) -> str:
         out += ["</ol>", "</nav>"]
     table_number = 0
     for section, section_id, row in zip(report.sections, ids, images):
-        out += ["<section>", f'<h2 id="{section_id}">{_esc(section.title)}</h2>', *_prose_html(section.text)]
+        out += ["<section>", f'<h2 id="{section_id}">{_esc(section.title)}</h2>']
+        out += [f'<p class="note">{_inline_html(p)}</p>' for p in _paragraphs(section.note)]
+        out += _prose_html(section.text)
         out += [_figure_html(image) for image in row]
         for table in section.tables:
             table_number += 1
@@ -514,6 +526,7 @@ def _render_markdown(report: Report, images: list[list[_Image]]) -> str:
     for section, section_id, row in zip(report.sections, ids, images):
         # An explicit anchor: renderers disagree on how they derive heading ids.
         out += [f'<a id="{section_id}"></a>', "", f"## {_md_chars(section.title)}", ""]
+        out += [line for p in _paragraphs(section.note) for line in ("> " + _inline_md(p), "")]
         out += _prose_md(section.text)
         for image in row:
             out += _figure_md(image)

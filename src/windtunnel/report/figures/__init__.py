@@ -23,6 +23,10 @@ __all__ = ["FIGURES", "figure", "save"]
 FIGURES: dict[str, Callable[[dict[str, Any], Path], None]] = {}
 
 
+#: Pixels per inch of the saved PNGs.
+SAVE_DPI = 120
+
+
 def figure(name: str) -> Callable:
     """Decorator: register ``plot(result, path)`` as the figure of analysis ``name``."""
 
@@ -36,10 +40,11 @@ def figure(name: str) -> Callable:
 def save(fig: plt.Figure, path: Path, *, tight: bool = True, **savefig_options: Any) -> None:
     """Write ``fig`` as a PNG and free it. ``tight=False`` for figures that lay themselves
     out (``layout="constrained"``, nested grids), which ``tight_layout`` would undo;
-    ``savefig_options`` go to ``savefig``."""
+    ``savefig_options`` go to ``savefig``. The saved image is cropped or grown to what the
+    figure draws (``bbox_inches="tight"``), so a title wider than its figure is never clipped."""
     if tight:
         fig.tight_layout()
-    fig.savefig(path, dpi=120, **savefig_options)
+    fig.savefig(path, dpi=SAVE_DPI, **{"bbox_inches": "tight", "pad_inches": 0.05, **savefig_options})
     plt.close(fig)
 
 

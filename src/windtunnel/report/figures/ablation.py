@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 from windtunnel.report.figures import figure, save
@@ -36,7 +37,7 @@ def plot_layer_ablation(result: dict[str, Any], path: Path) -> None:
 def plot_head_ablation(result: dict[str, Any], path: Path) -> None:
     """Fig 4: heat map layers x heads of the error ratio when one head is zeroed."""
     grid = np.array([[np.nan if v is None else v for v in row] for row in result["mae_ratio"]], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * grid.shape[1], 1.2 + 0.45 * grid.shape[0]))
+    fig, ax = plt.subplots(figsize=(max(3.2, 1.2 + 0.6 * grid.shape[1]), 1.4 + 0.45 * grid.shape[0]))
     image = ax.imshow(np.log10(grid), cmap="magma_r", aspect="auto")
     dark = 0.5 * np.nanmax(np.log10(grid))  # cells darker than this get white labels
     for (layer, head), value in np.ndenumerate(grid):
@@ -48,6 +49,9 @@ def plot_head_ablation(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     worst = result["most_destructive"]
-    ax.set_title(f"Head ablation: mae ratio (worst L{worst['layer']}H{worst['head']})", fontsize=9)
-    fig.colorbar(image, ax=ax, label="log10 ratio")
+    ax.set_title(f"Head ablation: mae ratio\n(worst L{worst['layer']}H{worst['head']})", fontsize=9)
+    bar = fig.colorbar(image, ax=ax, label="log10 ratio")
+    # Near-equal ratios (an untrained model) would get an offset label ("1e-5") above the
+    # bar, on top of the title: plain tick labels instead.
+    bar.formatter = matplotlib.ticker.FormatStrFormatter("%.2g")
     save(fig, path)

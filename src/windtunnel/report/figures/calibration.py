@@ -59,4 +59,4 @@ def plot_calibration(result: dict[str, Any], path: Path) -> None:
         fontsize=10,
         y=1.03,
     )
-    save(fig, path, tight=False, bbox_inches="tight")  # tight_layout cannot handle nested grids
+    save(fig, path, tight=False)  # tight_layout cannot handle nested grids
