@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-# The main job (100 minutes on 2 AVX-512 cores, longer on slower ones; docs/reproducing.md): the CPU-scale reproduction of the paper into reproduction/, report in
+# The main job (1-2 hours on 2 cores, by processor; docs/reproducing.md): the CPU-scale reproduction of the paper into reproduction/, report in
 # reproduction/report/index.html. Run it again after an interruption: it resumes.
 run: install
 	$(BIN)/windtunnel reproduce --scale cpu --out reproduction --resume

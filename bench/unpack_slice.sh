@@ -26,3 +26,4 @@ done
 done
 find "$results" -type d -empty -delete
 echo "unpack_slice: $results updated ($(cd "$staged" && find . -type f ! -name FILES | wc -l) files written)"
+echo "unpack_slice: now render its pages: python tools/results_pages.py (docs/results-paper.md and the README's table)"

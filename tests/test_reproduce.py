@@ -426,3 +426,24 @@ def test_a_scale_with_a_warmup_states_each_runs_measured_time_before_training(tm
     expected = [job.expected_s for job in planned.values()]
     assert expected == sorted(expected, reverse=True)  # longest first, by the measurement
     assert not list((tmp_path / "out" / "runs").glob("*/metrics.jsonl"))  # the warm-ups wrote nothing there
+
+
+def test_a_results_folder_keeps_no_weights_and_renders_the_reports_tables(tiny, tmp_path):
+    """`tools/results_pages.py save`: the weight-free copy of a reproduction, from which the
+    results page renders the same claim table as the report the reproduction wrote."""
+    from windtunnel.report.results_page import results_page, save_results
+
+    written = save_results(tiny, tmp_path / "results", "two cores, nothing else running")
+    assert all(path.is_file() for path in written) and not (tmp_path / "results.partial").exists()
+    assert not [p for p in (tmp_path / "results").rglob("*") if p.suffix in {".safetensors", ".png", ".pt"}]
+    weights = sum(p.stat().st_size for p in tiny.rglob("*.safetensors"))
+    kept = sum(p.stat().st_size for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert weights > 0 and kept < sum(p.stat().st_size for p in tiny.rglob("*") if p.is_file()) - weights
+    page = results_page(tmp_path / "results", "Results")
+    report = (tiny / "report" / "report.md").read_text()
+
+    def claim_table(markdown: str) -> str:
+        return markdown.split("| claim | holds? |")[1].split("\n\n")[0]
+
+    assert claim_table(page) == claim_table(report)
+    assert "- **how:** two cores, nothing else running\n" in page and "figures/" not in page

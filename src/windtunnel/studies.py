@@ -193,7 +193,7 @@ SCALES: dict[str, Scale] = {
             "hmm_mlp_floor": 85.0,
             "hmm_late_attention_off": 1500.0,
         },
-        hardware="2 CPU cores: about 100 minutes on an AVX-512 AMD EPYC (measured), about 2.5 hours projected on an AVX2-only one",
+        hardware="2 CPU cores: about 1 hour on a Zen 5 AMD EPYC, 100 minutes on an earlier AVX-512 one, about 2 hours on an AVX2-only one (measured)",
         cuts=(
             "Models of 0.17M-0.2M parameters (bijection: 4 layers, 4 heads, d_model 64; HMM: 6 layers, 4 heads, "
             "d_model 48, initial weights of std 0.04) instead of 2.7M-7.2M.",

@@ -41,7 +41,7 @@ from windtunnel.report.folder import (
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.primitives import primitive_sections
 
-__all__ = ["FIGURE_PLAN", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
+__all__ = ["FIGURE_PLAN", "assemble_report", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
 
 #: The paper's figures in order: (section title, the paper's figure, text, [(group, analysis, caption)]).
 #: The report numbers its own figures; the paper's number is named in the section title only.
@@ -319,6 +319,20 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
     column of their own (the paper scale's beside the CPU scale's).
 
     Raises:
+        ReportError: as :func:`assemble_report`.
+    """
+    out = Path(out)
+    report = assemble_report(out, beside)
+    written = {**report.metadata, "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
+    html_path, _ = write_report(dataclasses.replace(report, metadata=written), out / "report")
+    return html_path
+
+
+def assemble_report(out: Path, beside: Path | None = None) -> Report:
+    """The report of the reproduction in folder ``out``, as data (nothing is written): what
+    :func:`build_report` renders, and the results pages' source.
+
+    Raises:
         ReportError: ``out`` is not a reproduction whose analyses are done, or a file it
             saved is missing or unreadable.
     """
@@ -371,11 +385,8 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
         "command": manifest.command,
         "wall time": f"{manifest.wall_s / 60:.1f} min",
         "expects": manifest.hardware,
-        "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
-    report = Report(title, summary, sections, metadata=metadata)
-    html_path, _ = write_report(report, out / "report")
-    return html_path
+    return Report(title, summary, sections, metadata=metadata)
 
 
 def _claims_sections(

@@ -1,0 +1,76 @@
+"""The results pages and the README's headline table are what the committed results folders
+render (tools/results_pages.py), and what they say agrees with those folders' files, read
+here with the json module alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "results_pages.py"
+FOLDERS = {"docs/results.md": ROOT / "results" / "cpu", "docs/results-paper.md": ROOT / "results" / "paper"}
+
+
+def test_the_pages_are_what_their_folders_render():
+    result = subprocess.run([sys.executable, str(TOOL), "--check"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:] + " (run python tools/results_pages.py)"
+
+
+@pytest.mark.parametrize("page", sorted(FOLDERS))
+def test_each_page_states_the_provenance_its_runs_recorded(page):
+    folder = FOLDERS[page]
+    text = (ROOT / page).read_text().replace("\\", "")  # the Markdown escapes punctuation with backslashes
+    manifest = json.loads((folder / "reproduce.json").read_text())
+    starts = [start for run in manifest["runs"]
+              for start in json.loads((folder / run["run_dir"] / "provenance.json").read_text())["starts"]]
+    assert f"- **command:** {manifest['command']}\n" in text
+    assert f"- **runs:** {len(manifest['runs'])} trained" in text
+    assert f"- **wall time:** {manifest['wall_s'] / 60:.1f} min" in text
+    for key in ("commit", "torch", "device_name", "precision"):
+        for value in {start[key] for start in starts}:
+            assert value in text, (key, value)
+    if page == "docs/results.md":  # the CPU scale's copy keeps no weights (the paper scale keeps its final ones)
+        assert not [p for p in folder.rglob("*") if p.suffix in {".safetensors", ".pt", ".bin"}]
+
+
+@pytest.mark.parametrize("page", sorted(FOLDERS))
+def test_each_page_lists_every_run_with_its_configured_steps(page):
+    folder = FOLDERS[page]
+    text = (ROOT / page).read_text().replace("\\", "")
+    manifest = json.loads((folder / "reproduce.json").read_text())
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    for run in manifest["runs"]:
+        config = json.loads((folder / run["run_dir"] / "config.json").read_text())
+        assert run["name"] in rows, run["name"]
+        assert f" | {config['train']['steps']} | " in rows[run["name"]] or f"of {config['train']['steps']:,}" in text
+
+
+def test_the_readme_headline_shows_each_claims_verdict_as_its_page_does():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- headline results")[1].split("<!-- end of headline results -->")[0]
+    rows = [line.split(" | ") for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 16
+    for column, page in enumerate(sorted(FOLDERS, key=lambda p: p != "docs/results.md"), 1):
+        text = (ROOT / page).read_text().replace("\\", "")
+        table = text.split("| claim | holds? |")[1].split("\n\n")[0]
+        verdicts = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in table.splitlines()[2:]}
+        assert {row[0].lstrip("| "): row[column].rstrip(" |") for row in rows} == verdicts, page
+    holding = sum(row[1].startswith("yes") for row in rows)
+    tally = re.search(r"(\d+) of (\d+) claims hold", (ROOT / "docs/results.md").read_text())
+    assert tally and int(tally[1]) == holding
+
+
+def test_save_refuses_an_existing_folder_or_a_folder_that_is_not_a_reproduction(tmp_path):
+    (tmp_path / "there").mkdir()
+    for source, target, words in ((ROOT / "results" / "paper", tmp_path / "there", "exists"),
+                                  (tmp_path, tmp_path / "new", "not a reproduction folder")):
+        result = subprocess.run([sys.executable, str(TOOL), "save", str(source), str(target), "--how", "x"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and words in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert not (tmp_path / "new").exists() and list((tmp_path / "there").iterdir()) == []
