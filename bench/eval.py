@@ -24,7 +24,7 @@ import torch
 
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score
 from windtunnel.run_config import load_run_config
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from windtunnel.run_config import RunConfig, load_run_config
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 from windtunnel.training.trainer import train
 
 from windtunnel.provenance import cpu_model

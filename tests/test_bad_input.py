@@ -23,7 +23,8 @@ import pytest
 
 from windtunnel.cli import main
 from windtunnel.files import directory_lock
-from windtunnel.training.checkpoint import RESUME_FILE, list_snapshots, snapshot_path
+from windtunnel.run_layout import RESUME_FILE
+from windtunnel.training.checkpoint import list_snapshots, snapshot_path
 
 pytestmark = pytest.mark.slow  # trains one tiny run for the world (a few seconds)
 

@@ -18,9 +18,9 @@ from windtunnel.analysis.calibration import (
     select_traces,
 )
 from windtunnel.evaluation import EvalSet, oracle_predictor, prior_predictor
-from windtunnel.report.figures import FIGURES
+from windtunnel.figures import FIGURES
 from windtunnel.run_config import run_config_from_mapping
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 from windtunnel.tunnels.bijection import BijectionTunnel
 from windtunnel.tunnels.hmm import HMMTunnel
 

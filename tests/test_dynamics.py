@@ -24,9 +24,9 @@ from windtunnel.analysis.stats import average_ranks, pca, spearman
 from windtunnel.evaluation import evaluate, model_predictor
 from windtunnel.models import run_with_trace
 from windtunnel.report.claims import evaluate_claims
-from windtunnel.report.figures import FIGURES
+from windtunnel.figures import FIGURES
 from windtunnel.run_config import run_config_from_mapping
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 from windtunnel.training.checkpoint import list_snapshots, load_snapshot, save_snapshot, snapshot_steps
 from windtunnel.training.trainer import train
 

@@ -22,7 +22,7 @@ from windtunnel.analysis.generalization import boundary_step
 from windtunnel.analysis.runner import analyze_runs
 from windtunnel.config import ConfigError
 from windtunnel.run_config import run_config_from_mapping
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 
 HMM = {
     "tunnel": {"name": "hmm", "S": 3, "M": 3, "K": 4, "grid": 0.1},

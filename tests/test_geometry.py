@@ -26,7 +26,7 @@ from windtunnel.analysis.runner import analyze_runs
 from windtunnel.evaluation import EvalSet
 from windtunnel.models import build_model
 from windtunnel.run_config import run_config_from_mapping
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 from windtunnel.tunnels import BijectionTunnel, Episode, HMMTunnel
 
 D_MODEL, N_HEADS, D_HEAD = 16, 2, 8

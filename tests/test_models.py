@@ -44,7 +44,7 @@ from windtunnel.models import (
 )
 from windtunnel.models.config import resolve_max_len
 from windtunnel.run_config import run_config_from_mapping
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 
 VOCAB, CLASSES, MAX_LEN = 11, 5, 12
 TINY = TransformerConfig(n_layers=3, n_heads=2, d_model=16, d_mlp=24)

@@ -59,7 +59,7 @@ def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
         {"name": "windtunnel.metrics.x_a__mutmut_6", "status": "survived", "text_only": True},
         {"name": "windtunnel.metrics.x_a__mutmut_7", "status": "survived", "text_only": False},
         {"name": "windtunnel.evaluation.x_b__mutmut_1", "status": "killed", "text_only": False},
-        {"name": "windtunnel.report.figures.geometry.x_c__mutmut_1", "status": "survived", "text_only": False},
+        {"name": "windtunnel.figures.geometry.x_c__mutmut_1", "status": "survived", "text_only": False},
         {"name": "windtunnel.report.build.x_d__mutmut_1", "status": "killed", "text_only": False},
     ]
     result = mutation_score.score(mutants, {"windtunnel.metrics.x_a__mutmut_7": "equivalent, by hand"})
@@ -75,7 +75,7 @@ def test_the_score_is_killed_over_the_mutants_that_change_behaviour():
     assert noted["metrics.py"]["unexplained"] == ["windtunnel.metrics.x_a__mutmut_5"]
     assert result["evaluation.py"]["score"] == 1.0 and "tunnels/" not in result
     # a figure's mutant counts on the figures' row alone, not on the rest of the report's
-    assert result["report/figures/"]["mutants"] == 1 and result["report/figures/"]["score"] == 0.0
+    assert result["figures/"]["mutants"] == 1 and result["figures/"]["score"] == 0.0
     assert result["report/ tables and page"]["mutants"] == 1 and result["report/ tables and page"]["score"] == 1.0
 
 

@@ -27,7 +27,7 @@ from windtunnel.report.primitives import (
     primitive_verdict,
 )
 from windtunnel.reproduce import plan_analyses, plan_runs
-from windtunnel.runs import build_run_model
+from windtunnel.run_config import build_run_model
 from windtunnel.studies import ARCHITECTURES, PRIMITIVE_TUNNELS, STUDIES
 from windtunnel.tunnels.base import primitive_of
 

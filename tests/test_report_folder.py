@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from windtunnel.report.folder import MANIFEST_FILE, Manifest, ReportError, read_json
+from windtunnel.report.folder import Manifest, ReportError, read_json
+from windtunnel.run_layout import MANIFEST_FILE
 
 
 def _manifest(**changes) -> dict:

@@ -21,8 +21,9 @@ import windtunnel.report.folder as report_folder
 from windtunnel.cli import main
 from windtunnel.report.build import FIGURE_PLAN, figure_section_title
 from windtunnel.report.claims import CLAIMS, evaluate_claims
-from windtunnel.report.folder import INIT_DIR, load_results
-from windtunnel.report.figures import SAVE_DPI
+from windtunnel.report.folder import load_results
+from windtunnel.run_layout import INIT_DIR
+from windtunnel.figures import SAVE_DPI
 from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.run_config import load_run_config
 from windtunnel.studies import GROUPS, PRESET_NAMES, SCALES, configs_folder
@@ -314,7 +315,7 @@ def test_every_figure_shows_its_titles_whole(tiny, tmp_path, monkeypatch):
     import matplotlib.figure
     import matplotlib.pyplot as plt
 
-    from windtunnel.report.figures import FIGURES, SAVE_DPI as saved_dpi
+    from windtunnel.figures import FIGURES, SAVE_DPI as saved_dpi
 
     assert saved_dpi == SAVE_DPI
     problems: dict[str, list[str]] = {}

@@ -191,8 +191,9 @@ def test_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypat
 
 
 def test_a_checkpoint_with_a_changed_tensor_byte_is_refused_and_one_without_a_checksum_loads(reference_run, tmp_path):
-    from windtunnel.runs import build_run_model
-    from windtunnel.training.checkpoint import CheckpointError, load_resume, RESUME_FILE
+    from windtunnel.run_config import build_run_model
+    from windtunnel.run_layout import RESUME_FILE
+    from windtunnel.training.checkpoint import CheckpointError, load_resume
 
     config = load_run_config(reference_run / "config.json")
     path = reference_run / RESUME_FILE

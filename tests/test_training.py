@@ -19,7 +19,8 @@ import torch
 
 from windtunnel.run_config import load_run_config
 from windtunnel.training import trainer as trainer_module
-from windtunnel.training.checkpoint import RESUME_FILE, list_snapshots, read_resume_step, snapshot_path
+from windtunnel.run_layout import RESUME_FILE
+from windtunnel.training.checkpoint import list_snapshots, read_resume_step, snapshot_path
 from windtunnel.training.schedule import learning_rate
 from windtunnel.training.trainer import TrainingDiverged, data_seed, train
 

@@ -46,7 +46,7 @@ EQUIVALENT = ROOT / "tools" / "mutation_equivalent.toml"
 PACKAGES = {
     "report/ criteria (claim*.py)": "windtunnel.report.claim",
     "report/ tables and page": "windtunnel.report.",
-    "report/figures/": "windtunnel.report.figures.",
+    "figures/": "windtunnel.figures.",
     "evaluation.py": "windtunnel.evaluation.",
     "metrics.py": "windtunnel.metrics.",
     "tunnels/": "windtunnel.tunnels.",

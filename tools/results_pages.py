@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from windtunnel.report.build import claim_tables
-from windtunnel.report.folder import INIT_DIR, Manifest, ReportError, load_results
+from windtunnel.report.folder import Manifest, ReportError, load_results
+from windtunnel.run_layout import INIT_DIR
 from windtunnel.report.results_page import results_page, save_results
 
 ROOT = Path(__file__).resolve().parents[1]

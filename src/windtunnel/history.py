@@ -10,13 +10,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from windtunnel.run_layout import METRICS_FILE
 
 __all__ = [
-    "HMM_PLATEAU_EXIT_MAE_BITS", "METRICS_FILE", "MetricsError", "clock_segments", "end_step", "parse_metrics",
+    "HMM_PLATEAU_EXIT_MAE_BITS", "MetricsError", "clock_segments", "end_step", "parse_metrics",
     "plateau_exit_step", "read_metrics", "stop_record", "training_seconds",
 ]
 
-METRICS_FILE = "metrics.jsonl"
 
 #: The HMM transformer first learns to read E but not T and sits on a plateau near 0.105 bits
 #: ``mae_bits`` (CPU preset, on every seed and machine measured so far; the settled model is

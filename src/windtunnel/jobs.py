@@ -37,10 +37,11 @@ from tqdm import tqdm
 
 from windtunnel.config import ConfigError
 from windtunnel.exit_codes import EXIT_INTERRUPTED
-from windtunnel.history import METRICS_FILE, MetricsError, clock_segments, parse_metrics
+from windtunnel.history import MetricsError, clock_segments, parse_metrics
 from windtunnel.progress import is_terminal
 from windtunnel.run_config import RunConfig, load_run_config
-from windtunnel.runs import CONFIG_FILE, read_run_config, run_end_step
+from windtunnel.run_layout import CONFIG_FILE, LOGS_DIR, METRICS_FILE
+from windtunnel.runs import read_run_config, run_end_step
 from windtunnel.training.checkpoint import list_snapshots, read_final_weights_step, read_resume_step
 from windtunnel.training.trainer import TrainingInterrupted
 
@@ -80,7 +81,7 @@ class TrainJob:
     def log(self) -> Path:
         """Where the worker's output goes: ``logs/`` beside the run directory (which must
         start empty, and which a glob over the runs should not also match)."""
-        return self.run_dir.parent / "logs" / f"{self.run_dir.name}.log"
+        return self.run_dir.parent / LOGS_DIR / f"{self.run_dir.name}.log"
 
 
 def job_state(job: TrainJob) -> State:

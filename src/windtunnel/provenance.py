@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from windtunnel.files import atomic_write_text
+from windtunnel.run_layout import PROVENANCE_FILE
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PROVENANCE_FILE", "append_start", "commit", "cpu_model", "device_name", "read_provenance"]
+__all__ = ["append_start", "commit", "cpu_model", "device_name", "read_provenance"]
 
-PROVENANCE_FILE = "provenance.json"
 
 #: The commit of the code, when it runs from a copy without its git history (a GPU machine
 #: gets the working tree alone): the caller sets it, e.g. ``WINDTUNNEL_COMMIT=$(git rev-parse HEAD)``.

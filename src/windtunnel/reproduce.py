@@ -38,12 +38,11 @@ from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content
 from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
 from windtunnel.progress import AnalysesProgress
-from windtunnel.runs import CONFIG_FILE, keep_final_weights
+from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE, RUNS_DIR
+from windtunnel.runs import keep_final_weights
 from windtunnel.ray_engine import RayEngine, check_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import (
-    INIT_DIR,
-    MANIFEST_FILE,
     Manifest,
     ManifestRun,
     ReportError,
@@ -62,8 +61,6 @@ from windtunnel.studies import (
 
 __all__ = ["measure_steps_per_s", "plan_analyses", "plan_runs", "project_from_warmup", "reproduce"]
 
-#: The reproduction's manifest, rewritten at every stage: it resumes from it, the report reads it.
-STATE_FILE = MANIFEST_FILE
 
 
 def plan_runs(scale: Scale, out: Path, presets: Sequence[Preset] = PRESETS) -> list[TrainJob]:
@@ -77,7 +74,7 @@ def plan_runs(scale: Scale, out: Path, presets: Sequence[Preset] = PRESETS) -> l
                 TrainJob(
                     f"{preset.name}_seed{seed}",
                     configs_folder(scale) / f"{preset.config}.toml",
-                    out / "runs" / f"{preset.name}_seed{seed}",
+                    out / RUNS_DIR / f"{preset.name}_seed{seed}",
                     (*preset.overrides, *scale.overrides_for(preset.name), f"train.seed={seed}"),
                     expected_s=expected,
                     preset=preset.name,
@@ -216,11 +213,11 @@ def _manifest_run(job: TrainJob, out: Path) -> ManifestRun:
 
 def _read_state(out: Path) -> dict[str, Any]:
     try:
-        return json.loads((out / STATE_FILE).read_text())
+        return json.loads((out / MANIFEST_FILE).read_text())
     except FileNotFoundError:
         return {}
     except (OSError, json.JSONDecodeError) as error:
-        raise ConfigError(f"{str(out / STATE_FILE)!r} is unreadable ({error}); it is not a reproduction directory") from None
+        raise ConfigError(f"{str(out / MANIFEST_FILE)!r} is unreadable ({error}); it is not a reproduction directory") from None
 
 
 def reproduce(
@@ -297,7 +294,7 @@ def reproduce(
             scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name, planned_names,
             scale.meaning,
         )
-        atomic_write_text(out / STATE_FILE, manifest.to_json())
+        atomic_write_text(out / MANIFEST_FILE, manifest.to_json())
 
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
     with _training_engine(engine, address, jobs) as ray_engine:
@@ -337,8 +334,8 @@ def reproduce(
         progress.start_group(group.name)
         only = group.only or per_configuration
         trained = load_runs(run_dirs)
-        _drop_stale(out / "analysis" / group.name, trained, only)
-        written = analyze_runs(trained, out / "analysis" / group.name, only=only, skip_existing=True, applicable=True,
+        _drop_stale(out / ANALYSIS_DIR / group.name, trained, only)
+        written = analyze_runs(trained, out / ANALYSIS_DIR / group.name, only=only, skip_existing=True, applicable=True,
                                starting=lambda name, i, n: progress.starting(name, i, n, "trained weights"))
         at_init = tuple(name for name in only if name not in HISTORY_ANALYSES)
         initial = load_runs(run_dirs, step=0)

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+from torch import nn
+
 from windtunnel.config import ConfigError, apply_overrides, check_field_types, from_mapping, to_mapping
-from windtunnel.models import MODELS, ModelConfig, model_class
+from windtunnel.models import MODELS, ModelConfig, build_model, model_class
 from windtunnel.tunnels import Tunnel, tunnel_class
 
 if sys.version_info >= (3, 11):
@@ -42,7 +45,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["TRACKING_SINKS", "CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "load_run_config", "run_config_from_mapping"]
+__all__ = ["TRACKING_SINKS", "CurriculumConfig", "EvalConfig", "RunConfig", "TrainConfig", "build_run_model", "load_run_config", "run_config_from_mapping"]
 
 
 CURRICULUM_SHAPES = ("geometric", "linear")
@@ -413,3 +416,15 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
         raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {error}") from None
     return run_config_from_mapping(data, overrides)
 
+
+def build_run_model(config: RunConfig) -> nn.Module:
+    """The model a run config describes, freshly initialized from ``train.seed`` (on CPU)."""
+    tunnel = config.tunnel
+    return build_model(
+        config.model_kind,
+        config.model,
+        vocab_size=tunnel.vocab_size,
+        num_classes=tunnel.num_classes,
+        max_len=config.max_len,
+        generator=torch.Generator().manual_seed(config.train.seed),
+    )

@@ -19,9 +19,8 @@ from torch import nn
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
 from windtunnel.files import atomic_write_text, has_content
-from windtunnel.history import METRICS_FILE, end_step, read_metrics
-from windtunnel.models import build_model
-from windtunnel.run_config import RunConfig, load_run_config, run_config_from_mapping
+from windtunnel.history import end_step, read_metrics
+from windtunnel.run_config import RunConfig, build_run_model, load_run_config, run_config_from_mapping
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.checkpoint import (
     MAX_SHARD_BYTES,
@@ -38,12 +37,9 @@ from windtunnel.training.checkpoint import (
 )
 from windtunnel.tunnels import TUNNELS
 from windtunnel.tunnels.capabilities import Relabeling, declares
+from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE, METRICS_FILE
 
 __all__ = [
-    "CONFIG_FILE",
-    "EVAL_FILE",
-    "METRICS_FILE",
-    "build_run_model",
     "evaluate_run",
     "format_table",
     "keep_final_weights",
@@ -54,21 +50,6 @@ __all__ = [
     "run_end_step",
 ]
 
-CONFIG_FILE = "config.json"
-EVAL_FILE = "eval.json"
-
-
-def build_run_model(config: RunConfig) -> nn.Module:
-    """The model a run config describes, freshly initialized from ``train.seed`` (on CPU)."""
-    tunnel = config.tunnel
-    return build_model(
-        config.model_kind,
-        config.model,
-        vocab_size=tunnel.vocab_size,
-        num_classes=tunnel.num_classes,
-        max_len=config.max_len,
-        generator=torch.Generator().manual_seed(config.train.seed),
-    )
 
 
 def read_run_config(run_dir: Path) -> RunConfig:

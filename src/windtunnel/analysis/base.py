@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from windtunnel.config import to_mapping
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.models import Role, model_class, run_with_trace
-from windtunnel.run_config import RunConfig
-from windtunnel.runs import build_run_model, load_run_model
+from windtunnel.run_config import RunConfig, build_run_model
+from windtunnel.runs import load_run_model
 from windtunnel.training.distributed import pick_device
 from windtunnel.tunnels import Episode
 

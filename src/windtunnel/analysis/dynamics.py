@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from windtunnel.analysis.base import Run, eval_set_for, model_device, register, traced
 from windtunnel.analysis.stats import pca, spearman
 from windtunnel.evaluation import METRICS, score
-from windtunnel.runs import build_run_model, read_run_config
+from windtunnel.run_config import build_run_model
+from windtunnel.runs import read_run_config
 from windtunnel.training.checkpoint import (
     CheckpointError,
     list_snapshots,

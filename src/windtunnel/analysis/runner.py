@@ -15,8 +15,9 @@ from pathlib import Path
 
 from windtunnel.analysis import ANALYSES, Run, load_runs
 from windtunnel.config import ConfigError
-from windtunnel.report.figures import FIGURES
+from windtunnel.figures import FIGURES
 from windtunnel.files import atomic_write_text
+from windtunnel.run_layout import ANALYSIS_DIR
 
 __all__ = ["analyze", "analyze_runs"]
 
@@ -94,5 +95,5 @@ def analyze(
     runs = load_runs(run_dirs, device=device)
     if len({r.config.tunnel for r in runs}) > 1:
         raise ConfigError("the runs differ in tunnel: analyze runs of one tunnel together")
-    folder = Path(out) if out is not None else Path(run_dirs[0]) / "analysis"
+    folder = Path(out) if out is not None else Path(run_dirs[0]) / ANALYSIS_DIR
     return analyze_runs(runs, folder, only=only, say=say)

@@ -30,7 +30,6 @@ from windtunnel.provenance import read_provenance
 from windtunnel.report.claim_types import Verdict, median_of
 from windtunnel.report.claims import evaluate_claims, tally, variant_name
 from windtunnel.report.folder import (
-    INIT_DIR,
     REPORTABLE_STAGES,
     Manifest,
     ReportError,
@@ -40,6 +39,7 @@ from windtunnel.report.folder import (
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.primitives import primitive_sections
+from windtunnel.run_layout import ANALYSIS_DIR, INIT_DIR, REPORT_DIR
 
 __all__ = ["FIGURE_PLAN", "assemble_report", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
 
@@ -324,7 +324,7 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
     out = Path(out)
     report = assemble_report(out, beside)
     written = {**report.metadata, "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
-    html_path, _ = write_report(dataclasses.replace(report, metadata=written), out / "report")
+    html_path, _ = write_report(dataclasses.replace(report, metadata=written), out / REPORT_DIR)
     return html_path
 
 
@@ -352,7 +352,7 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
     runs = [SavedRun.read(out, run) for run in manifest.runs]
     results = load_results(out)
     if manifest.study == "architectures":
-        sections = primitive_sections(results, out / "analysis", load_results(out, INIT_DIR))
+        sections = primitive_sections(results, out / ANALYSIS_DIR, load_results(out, INIT_DIR))
         sections[0] = dataclasses.replace(sections[0], note=manifest.meaning)  # beside the verdict table
         title = "Bayesian wind tunnels: which architecture realizes which inference primitive"
         summary = (
@@ -419,7 +419,7 @@ def _claims_sections(
     )
     for title, paper_figure, text, figures in FIGURE_PLAN:
         made = [
-            Figure(out / "analysis" / group / f"{name}.png", f"{title.split(':')[0]} — {group}", caption)
+            Figure(out / ANALYSIS_DIR / group / f"{name}.png", f"{title.split(':')[0]} — {group}", caption)
             for group, name, caption in figures
             if name in results.get(group, {})
         ]

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
+from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE
 
 __all__ = [
-    "INIT_DIR",
-    "MANIFEST_FILE",
     "Manifest",
     "ManifestRun",
     "ReportError",
@@ -30,16 +29,7 @@ __all__ = [
     "read_json",
 ]
 
-#: Where a reproduction keeps the same analyses of every run's initial weights (step 0): what
-#: random init scores on every claim, the floor a trained model must clear.
-INIT_DIR = "analysis_at_init"
 
-#: A reproduction's manifest, in its folder: ``windtunnel reproduce`` rewrites it at every
-#: stage (it resumes from it) and the report reads the scale and the runs from it.
-MANIFEST_FILE = "reproduce.json"
-#: A run's resolved config, in its directory (``windtunnel.runs.CONFIG_FILE``; the report
-#: imports no run code, which needs the models).
-RUN_CONFIG_FILE = "config.json"
 #: The studies a report can be built for (``studies.STUDIES``; the report imports no plan).
 STUDY_NAMES = ("claims", "architectures")
 #: The stages of a reproduction whose analyses are all written: its report can be built.
@@ -200,9 +190,9 @@ class SavedConfig:
     @classmethod
     def read(cls, run_dir: Path) -> SavedConfig:
         """The config saved in ``run_dir``; a :class:`ReportError` if it is missing or not a run config."""
-        path = Path(run_dir) / RUN_CONFIG_FILE
+        path = Path(run_dir) / CONFIG_FILE
         if not path.is_file():
-            raise ReportError(f"run directory {str(run_dir)!r} has no {RUN_CONFIG_FILE}: the run never started "
+            raise ReportError(f"run directory {str(run_dir)!r} has no {CONFIG_FILE}: the run never started "
                               "(finish the reproduction with `windtunnel reproduce --resume`)")
         data = read_json(path)
         sections = {name: _field(data, name, dict, path) for name in ("tunnel", "model", "train", "eval")}
@@ -251,7 +241,7 @@ class SavedRun:
         return self.config
 
 
-def load_results(out: Path, folder: str = "analysis") -> dict[str, dict[str, dict[str, Any]]]:
+def load_results(out: Path, folder: str = ANALYSIS_DIR) -> dict[str, dict[str, dict[str, Any]]]:
     """``{group: {analysis: result}}`` from ``out/<folder>/*/*.json``."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for path in sorted((Path(out) / folder).glob("*/*.json")):

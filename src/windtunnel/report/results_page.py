@@ -18,7 +18,8 @@ from pathlib import Path
 from windtunnel.files import atomic_write_text
 from windtunnel.provenance import read_provenance
 from windtunnel.report.build import assemble_report
-from windtunnel.report.folder import INIT_DIR, MANIFEST_FILE, REPORTABLE_STAGES, Manifest, ReportError
+from windtunnel.report.folder import REPORTABLE_STAGES, Manifest, ReportError
+from windtunnel.run_layout import ANALYSIS_DIR, INIT_DIR, MANIFEST_FILE
 from windtunnel.report.html import Cell, Report, Section, Table, render_markdown
 
 __all__ = ["HOW_FILE", "RUN_FILES", "results_page", "save_results"]
@@ -47,7 +48,7 @@ def save_results(reproduction: Path, folder: Path, how: str) -> list[Path]:
     sources = [reproduction / MANIFEST_FILE]
     for run in manifest.runs:
         sources += [reproduction / run.run_dir / name for name in RUN_FILES if (reproduction / run.run_dir / name).is_file()]
-    for analyses in ("analysis", INIT_DIR):
+    for analyses in (ANALYSIS_DIR, INIT_DIR):
         sources += sorted((reproduction / analyses).glob("*/*.json"))
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

@@ -36,12 +36,11 @@ from torch import nn
 
 from windtunnel.files import atomic_write_bytes, atomic_write_text
 from windtunnel.models import unwrap_model
+from windtunnel.run_layout import RESUME_FILE, SNAPSHOT_DIR, WEIGHTS_DIR
 
 __all__ = [
     "CheckpointError",
     "MAX_SHARD_BYTES",
-    "RESUME_FILE",
-    "WEIGHTS_DIR",
     "load_final_weights",
     "read_final_weights_step",
     "save_final_weights",
@@ -56,8 +55,6 @@ __all__ = [
     "tensors_checksum",
 ]
 
-RESUME_FILE = "resume.safetensors"
-SNAPSHOT_DIR = "checkpoints"
 _FORMAT = "windtunnel-resume-1"
 _SNAPSHOT_NAME = re.compile(r"^step_(\d{7,})\.json$")
 
@@ -247,7 +244,6 @@ def load_snapshot(run_dir: Path, model: nn.Module, step: int) -> dict[str, Any]:
 
 # --- final weights, sharded -----------------------------------------------------------
 
-WEIGHTS_DIR = "weights"
 #: The sharded-safetensors index that Hugging Face's tools read (``weight_map``: tensor -> file).
 WEIGHTS_INDEX = "model.safetensors.index.json"
 _WEIGHTS_FORMAT = "windtunnel-weights-1"

@@ -33,11 +33,11 @@ from typing import Any
 
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text
+from windtunnel.run_layout import TRACKING_FILE
 
-__all__ = ["NO_TRACKING", "STATE_FILE", "TENSORBOARD_DIR", "Tracking", "check_installed", "open_tracking"]
+__all__ = ["NO_TRACKING", "TRACKING_FILE", "TENSORBOARD_DIR", "Tracking", "check_installed", "open_tracking"]
 
 TENSORBOARD_DIR = "tensorboard"
-STATE_FILE = "tracking.json"  # the W&B and MLflow run ids, and the last step W&B was given
 
 #: The module each sink imports, and how to install it.
 _PACKAGES = {
@@ -246,7 +246,7 @@ def open_tracking(
     """Open ``sinks`` for the run in ``run_dir`` whose ``metrics.jsonl`` holds ``records``
     (none for a new run; those kept up to the checkpoint on resume)."""
     check_installed(sinks)
-    state_path = run_dir / STATE_FILE
+    state_path = run_dir / TRACKING_FILE
     state: dict[str, Any] = json.loads(state_path.read_text()) if state_path.is_file() else {}
 
     def save_state() -> None:

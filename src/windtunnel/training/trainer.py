@@ -41,8 +41,8 @@ from windtunnel.memory import check_fits
 from windtunnel.models import count_params
 from windtunnel.progress import TrainingProgress
 from windtunnel.provenance import append_start, commit, cpu_model, device_name
-from windtunnel.run_config import RunConfig, TrainConfig
-from windtunnel.runs import CONFIG_FILE, METRICS_FILE, build_run_model
+from windtunnel.run_config import RunConfig, TrainConfig, build_run_model
+from windtunnel.run_layout import CONFIG_FILE, METRICS_FILE
 from windtunnel.training.checkpoint import (
     CheckpointError,
     load_resume,

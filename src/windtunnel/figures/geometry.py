@@ -9,7 +9,7 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 
-from windtunnel.report.figures import figure, save
+from windtunnel.figures import figure, save
 
 
 def _head_grid(rows: list[list[float] | None], n_heads: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from windtunnel.report.figures import figure, save
+from windtunnel.figures import figure, save
 
 
 @figure("calibration")

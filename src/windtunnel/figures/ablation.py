@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-from windtunnel.report.figures import figure, save
+from windtunnel.figures import figure, save
 
 
 @figure("layer_ablation")
