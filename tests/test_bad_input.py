@@ -25,6 +25,7 @@ from windtunnel.cli import main
 from windtunnel.files import directory_lock
 from windtunnel.run_layout import RESUME_FILE
 from windtunnel.training.checkpoint import list_snapshots, snapshot_path
+from windtunnel.tunnels import TUNNELS
 
 pytestmark = pytest.mark.slow  # trains one tiny run for the world (a few seconds)
 
@@ -172,7 +173,7 @@ CASES: list[Case] = [
     Case("usage", "reproduce --nproc-per-run 0 --out {tmp}/r", "argument --nproc-per-run: 0 is out of range"),
     Case("usage", "analyze", "the following arguments are required: RUN_DIR"),
     # --- sample: seeds, tunnels, parameters ------------------------------------------
-    Case("sample", "sample nope", "unknown tunnel 'nope'; choose one of: assoc_recall, bijection, hmm"),
+    Case("sample", "sample nope", f"unknown tunnel 'nope'; choose one of: {', '.join(sorted(TUNNELS))}"),
     Case("sample", "sample BIJECTION", "unknown tunnel 'BIJECTION'"),
     Case("sample", "sample bijection --seed 99999999999999999999999", "--seed 99999999999999999999999 is out of range"),
     Case("sample", "sample bijection --seed -1", "--seed -1 is out of range"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import windtunnel as windtunnel_package
+from windtunnel.tunnels import TUNNELS
 
 
 def windtunnel(*args: str) -> subprocess.CompletedProcess:
@@ -57,7 +58,7 @@ def test_table_format():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["sample", "nope"], "unknown tunnel 'nope'; choose one of: assoc_recall, bijection, hmm"),
+        (["sample", "nope"], f"unknown tunnel 'nope'; choose one of: {', '.join(sorted(TUNNELS))}"),
         (["sample", "hmm", "--set", "X=1"], "unknown key 'X' for HMMTunnel"),
         (["sample", "hmm", "--set", "K=ten"], "K='ten' has the wrong type: expected int"),
         (["sample", "hmm", "--set", "concentration=0"], "concentration=0.0 is out of range"),

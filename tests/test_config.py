@@ -6,7 +6,7 @@ import pytest
 
 from windtunnel.config import ConfigError, apply_overrides, from_mapping, parse_text, to_mapping
 from windtunnel.run_config import TrainConfig
-from windtunnel.tunnels import BijectionTunnel, HMMTunnel, make_tunnel, tunnel_class
+from windtunnel.tunnels import TUNNELS, BijectionTunnel, HMMTunnel, make_tunnel, tunnel_class
 
 
 def test_overrides_are_typed_by_the_dataclass():
@@ -53,7 +53,7 @@ def test_bad_overrides_say_what_is_wrong(assignment, message):
 
 def test_registry_lists_valid_names():
     assert tunnel_class("hmm") is HMMTunnel
-    with pytest.raises(ConfigError, match="unknown tunnel 'hmmm'; choose one of: assoc_recall, bijection, hmm"):
+    with pytest.raises(ConfigError, match=f"unknown tunnel 'hmmm'; choose one of: {', '.join(sorted(TUNNELS))}$"):
         make_tunnel("hmmm")
     with pytest.raises(ConfigError, match="unknown key 'v'"):
         make_tunnel("bijection", {"v": 3})
