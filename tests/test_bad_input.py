@@ -7,7 +7,7 @@ test world (configs, trained runs, broken runs) have the same bytes and modes af
 
 The command runs in-process (``windtunnel.cli.main``), so an uncaught exception fails the
 case with its traceback and the 231 cases take under a minute rather than minutes of interpreter
-start-ups. The few faults that need a real process (Ctrl-C) are in tests/test_run_safety.py.
+start-ups. The few faults that need a real process (Ctrl-C) are in tests/training/test_run_safety.py.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ control: matched to a small transformer) and checks:
   ``kind`` and a ``role`` (``subject`` or ``control``).
 
 Each check raises :class:`ContractError` naming the plug-in and the rule it breaks. The test
-suite runs both over every registered plug-in (``tests/test_contract.py``); a new tunnel or
+suite runs both over every registered plug-in (``tests/contract/test_contract.py``); a new tunnel or
 family is checked by the same call, with no test to edit::
 
     from windtunnel.contract import check_model_family, check_tunnel

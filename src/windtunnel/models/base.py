@@ -157,7 +157,7 @@ class SequenceModel(nn.Module, abc.ABC):
                 that mixes positions on, the other positions are dropped: the MLP control
                 drops them at the embedding, the transformer in its last attention layer).
                 The numbers equal ``forward(tokens)[:, at]`` up to float rounding
-                (tests/test_models.py). A traced call computes every position.
+                (tests/models/test_models.py). A traced call computes every position.
 
         Returns:
             ``[B, T, C]`` (``[B, P, C]`` with ``at``) float32 logits; position ``t``

@@ -7,7 +7,7 @@ convolution and SiLU, then the selective scan ``h_t = exp(Δ_t A) h_{t-1} + Δ_t
 ``y_t = C_t h_t + D x_t`` with input-dependent ``Δ`` (softplus of a low-rank projection),
 ``B`` and ``C``, and diagonal ``A = -exp(A_log)``; then ``y * SiLU(z)`` and an output
 projection. The block is the ``mambapy`` package's ``MambaBlock`` (pure PyTorch, a parallel
-scan: runs on CPU), not a hand-written one; ``tests/test_models.py`` holds it to a plain
+scan: runs on CPU), not a hand-written one; ``tests/models/test_models.py`` holds it to a plain
 sequential recurrence written in the test. Its inner width ``d_inner`` (the paper's
 ``E * d_model``) is what the sizing chooses.
 

@@ -294,7 +294,7 @@ def _train(
         # Static shapes: every training batch has the same shape, so one graph serves the run.
         forward = torch.compile(forward, dynamic=False)
     # bf16 autocast on either device: a CPU run of a bf16 preset computes what a CUDA one does
-    # (tests/test_training.py holds it to the float32 run).
+    # (tests/training/test_training.py holds it to the float32 run).
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16)
     data_device = data_device_for(t, device)
 

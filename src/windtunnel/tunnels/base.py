@@ -125,6 +125,6 @@ def one_hot(index: Tensor, n: int) -> Tensor:
     ``torch.nn.functional.one_hot`` checks the range of ``index`` by reading its minimum and
     maximum back to the host: on CUDA a wait for every kernel queued before it, twice per
     training batch. A sampler's indices are in range by construction, so this scatters
-    without the check (the same rows, tests/test_tunnel_bijection.py)."""
+    without the check (the same rows, tests/tunnels/test_tunnel_bijection.py)."""
     rows = torch.zeros((*index.shape, n), dtype=torch.float64, device=index.device)
     return rows.scatter_(-1, index.unsqueeze(-1), 1.0)

@@ -14,7 +14,7 @@ from windtunnel.cli import main
 from windtunnel.models import LSTMConfig, LSTMControl, MambaConfig, MambaControl, TransformerConfig, build_model, count_params, run_with_trace
 from windtunnel.models.names import mixer_control_names
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHAPE = dict(vocab_size=11, num_classes=4, max_len=24)
 
 

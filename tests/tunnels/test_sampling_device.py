@@ -19,7 +19,7 @@ from windtunnel.run_config import TrainConfig, load_run_config
 from windtunnel.training.trainer import data_device_for
 from windtunnel.tunnels import make_tunnel
 
-CONFIGS = Path(__file__).resolve().parents[1] / "src" / "windtunnel" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "src" / "windtunnel" / "configs"
 
 # Every preset's training tunnel, at the start of its curriculum where it has one, plus the
 # sampling branches no preset takes (a query, repeats without a window, Gamma draws at

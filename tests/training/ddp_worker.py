@@ -1,4 +1,4 @@
-"""Launched by tests/test_training.py under torchrun: train, then save this rank's weights and
+"""Launched by tests/training/test_training.py under torchrun: train, then save this rank's weights and
 the token batches this rank trained on (``rank<r>_batches.safetensors``, one tensor per step)."""
 
 import os

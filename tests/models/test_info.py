@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper"
+PAPER = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
 
 def transformer_params(L: int, d: int, d_mlp: int, vocab: int, classes: int, max_len: int, attention_layers: int) -> int:

@@ -152,7 +152,7 @@ def test_a_sink_not_installed_exits_2_and_writes_nothing(tracked_run, tmp_path, 
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None  # as if not installed\n")
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {"PYTHONPATH": f"{hide}:{src}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     config = write_config(tmp_path)
     before = _tree(tracked_run)

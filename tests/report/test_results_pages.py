@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "results_pages.py"
 FOLDERS = {"docs/results.md": ROOT / "results" / "cpu", "docs/results-paper.md": ROOT / "results" / "paper"}
 
