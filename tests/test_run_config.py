@@ -169,3 +169,10 @@ def test_bad_curricula_name_the_problem(overrides, message):
     with pytest.raises(ConfigError) as info:
         load_run_config(CONFIGS / "cpu" / "hmm_transformer.toml", overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_unknown_section_is_named_on_one_line_whatever_its_name():
+    # A TOML quoted key may hold a newline; the message still fits one line (the repr escapes it).
+    with pytest.raises(ConfigError) as raised:
+        run_config_from_mapping({"tunnel": {"name": "bijection"}, "model": {"kind": "transformer"}, "a\nb": {}})
+    assert str(raised.value) == "unknown section 'a\\nb' in run config; allowed sections: tunnel, model, train, eval"

@@ -373,7 +373,7 @@ def run_config_from_mapping(data: Mapping[str, Any], overrides: Sequence[str] = 
             raise ConfigError(f"[{section}] must be a table of keys, not {data[section]!r}")
     unknown = set(data) - set(_SECTIONS)
     if unknown:
-        raise ConfigError(f"unknown section '{sorted(unknown)[0]}' in run config; allowed sections: {', '.join(_SECTIONS)}")
+        raise ConfigError(f"unknown section {sorted(unknown)[0]!r} in run config; allowed sections: {', '.join(_SECTIONS)}")
     data = {section: dict(data.get(section, {})) for section in _SECTIONS}
     by_section: dict[str, list[str]] = {section: [] for section in _SECTIONS}
     for assignment in overrides:
