@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,7 +215,7 @@ def _train_on_device(
     if t.compile and device.type == "cpu":
         torch.use_deterministic_algorithms(True)
     try:
-        return _train(config, run_dir, t, device, dist, resume, progress, on_step, interrupt)
+        return _train(_set_up(config, run_dir, device, dist, resume, interrupt), progress, on_step)
     finally:
         torch.use_deterministic_algorithms(deterministic)
         dist.close()
@@ -245,18 +246,97 @@ def _step_bytes(config: RunConfig, batch: int) -> int:
     return tunnel.sample_bytes(batch) + 4 * batch * per_sequence
 
 
-def _train(
-    config: RunConfig,
-    run_dir: Path,
-    t: TrainConfig,
-    device: torch.device,
-    dist: Distributed,
-    resume: bool,
-    progress: bool,
-    on_step: Callable[[int], None] | None,
-    interrupt: _InterruptFlag,
-) -> TrainResult:
-    tunnel = config.tunnel
+@dataclass
+class _Session:
+    """One start of a run: what it trains with, set up once, and the state its loop carries."""
+
+    config: RunConfig
+    run_dir: Path
+    device: torch.device
+    dist: Distributed
+    interrupt: _InterruptFlag
+    model: nn.Module
+    optimizer: torch.optim.AdamW
+    forward: nn.Module  # the model, under DDP and torch.compile where asked
+    autocast: Any
+    data_device: torch.device
+    local_batch: int
+    eval_set: EvalSet | None  # rank 0's held-out set, on the device
+    snapshots: set[int]
+    meta_base: dict[str, Any]
+    tracking: Tracking
+    start: int
+    # The step reads nothing back from the device: whether a loss was not finite is kept there
+    # (the first such step, 0 for none) and read at the next boundary (a log, an evaluation, a
+    # checkpoint, a snapshot, the end), before anything is written, so a diverged model is never
+    # saved and the message still names the first bad step.
+    first_bad_step: torch.Tensor
+    first_bad_loss: torch.Tensor
+    started: float
+    interval_start: float
+    interval_steps: int = 0
+    rates: list[float] = dataclasses.field(default_factory=list)  # steps/s of each logged interval (the first holds compilation)
+    latest: dict[str, Any] = dataclasses.field(default_factory=dict)  # the last evaluation's numbers
+    last_mae: float | None = None
+
+    @property
+    def t(self) -> TrainConfig:
+        return self.config.train
+
+
+@dataclass(frozen=True)
+class _Due:
+    """The boundary work due after a step."""
+
+    logs: bool
+    over_time: bool
+    evaluates: bool
+    checkpoints: bool
+    snapshot: bool
+    asked_to_stop: bool
+
+    @property
+    def anything(self) -> bool:
+        return self.logs or self.evaluates or self.checkpoints or self.snapshot or self.asked_to_stop
+
+
+def _train(s: _Session, progress: bool, on_step: Callable[[int], None] | None) -> TrainResult:
+    """The loop: a step, then whatever boundary work is due; a Ctrl-C or the time limit ends it
+    at a boundary with the state saved."""
+    t, step = s.t, s.start
+    bar = TrainingProgress(t.steps, s.start, progress and s.dist.is_main)
+    finished = False
+    try:
+        while step < t.steps:
+            lr, loss_value, grad_norm = _step(s, step)
+            step += 1
+            s.interval_steps += 1
+            due, stop, out_of_time = _due(s, step), False, False
+            if due.anything:
+                loss_value, stop, out_of_time = _boundary(s, step, due, lr, loss_value, grad_norm)  # the mean over ranks
+            bar.update(step, loss_value, s.last_mae, force=step == t.steps or out_of_time)
+            if on_step is not None:
+                on_step(step)
+            if out_of_time:
+                break
+            if stop and step < t.steps:
+                _save_state(s, step)
+                raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {s.run_dir}`")
+        finished = True
+    finally:
+        bar.close()
+        s.tracking.close(finished)
+    if s.dist.is_main:
+        append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped=step < t.steps))
+    s.dist.barrier()
+    return TrainResult(run_dir=s.run_dir, steps=step, final_eval=s.latest or None, wall_s=time.perf_counter() - s.started, model=s.model)
+
+
+def _set_up(config: RunConfig, run_dir: Path, device: torch.device, dist: Distributed, resume: bool,
+            interrupt: _InterruptFlag) -> _Session:
+    """Check the step fits, draw the held-out set, build (or resume) the model and optimizer on
+    the device, write the run's config, take the step-0 snapshot and open tracking."""
+    t, tunnel = config.train, config.tunnel
     if t.batch_size % dist.world_size:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the {dist.world_size} processes")
     local_batch = t.batch_size // dist.world_size
@@ -293,155 +373,143 @@ def _train(
     if t.compile:
         # Static shapes: every training batch has the same shape, so one graph serves the run.
         forward = torch.compile(forward, dynamic=False)
-    # bf16 autocast on either device: a CPU run of a bf16 preset computes what a CUDA one does
-    # (tests/training/test_training.py holds it to the float32 run).
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16)
-    data_device = data_device_for(t, device)
 
     snapshots = set(snapshot_steps(t.steps, t.snapshots_per_decade))
     meta_base = {"version": __version__, "torch": torch.__version__, "params": count_params(model), "config": config.to_mapping()}
-
     if eval_set is not None:
         eval_set = eval_set.to(device)  # once: an evaluation then copies only its [N, P] numbers back
-
-    def run_eval() -> dict[str, Any]:
-        return evaluate(model_predictor(model, device=device), eval_set, references=False)
-
-    def save_state(step: int, metrics: dict[str, Any]) -> None:
-        if dist.is_main:
-            save_resume(run_dir, model, optimizer, step, {**meta_base, "metrics": metrics})
-
     if dist.is_main and start == 0 and 0 in snapshots:
         save_snapshot(run_dir, model, 0, {**meta_base, "metrics": {}})
-
     # Rank 0 tracks. A finished run that is resumed has nothing to add (and its sinks hold its
     # final curves, which metrics.jsonl does not): they are left as they are.
     tracking: Tracking = NO_TRACKING
     if dist.is_main and t.log_to and start < t.steps:
         tracking = open_tracking(t.log_to, run_dir, config.to_mapping(), kept_records)
-    latest: dict[str, Any] = {}
-    last_mae: float | None = None
-    started = time.perf_counter()
-    interval_start, interval_steps = time.perf_counter(), 0
-    rates: list[float] = []  # steps/s of each logged interval of this start (the first holds compilation)
-    # The step reads nothing back from the device: whether a loss was not finite is kept there
-    # (the first such step, 0 for none) and read at the next boundary (a log, an evaluation, a
-    # checkpoint, a snapshot, the end), before anything is written, so a diverged model is never
-    # saved and the message still names the first bad step.
-    first_bad_step = torch.zeros((), dtype=torch.long, device=device)
-    first_bad_loss = torch.zeros((), device=device)
-    step = start
+    now = time.perf_counter()
+    return _Session(
+        config=config, run_dir=run_dir, device=device, dist=dist, interrupt=interrupt, model=model, optimizer=optimizer,
+        forward=forward,
+        # bf16 autocast on either device: a CPU run of a bf16 preset computes what a CUDA one does
+        # (tests/training/test_training.py holds it to the float32 run).
+        autocast=torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.bf16),
+        data_device=data_device_for(t, device), local_batch=local_batch, eval_set=eval_set, snapshots=snapshots,
+        meta_base=meta_base, tracking=tracking, start=start,
+        first_bad_step=torch.zeros((), dtype=torch.long, device=device), first_bad_loss=torch.zeros((), device=device),
+        started=now, interval_start=now,
+    )
 
-    def read_back(step: int, loss_value: torch.Tensor, over_time: bool) -> tuple[torch.Tensor, bool, bool]:
-        """At a boundary: the loss (the mean over ranks), whether to stop, and whether the
-        time limit is reached; raises on a non-finite loss since the last boundary. The one
-        place the loop waits for the device."""
-        # One collective carries the loss, any pending Ctrl-C, the time limit and any divergence,
-        # so every rank agrees on the step at which to stop.
-        flags = torch.stack([
-            loss_value, torch.tensor(float(interrupt.requested), device=device), (first_bad_step > 0).float(),
-            torch.tensor(float(over_time), device=device),
-        ])
-        mean_loss, stop, diverged, out_of_time = dist.mean(flags).tolist()
-        if diverged > 0:
-            # Under DDP another rank may have diverged first: this rank then names the boundary.
-            bad, value = int(first_bad_step.item()), first_bad_loss.item()
-            saved = read_resume_step(run_dir)
-            kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
-            raise TrainingDiverged(
-                f"loss became {value if bad else mean_loss} at step {bad or step}; {kept} "
-                "(lower train.lr or keep train.grad_clip > 0)"
-            )
-        return torch.tensor(mean_loss), stop > 0, out_of_time > 0
 
-    bar = TrainingProgress(t.steps, start, progress and dist.is_main)
-    finished = False
-    try:
-        while step < t.steps:
-            lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            generator = torch.Generator(device=data_device).manual_seed(data_seed(t.seed, dist.rank, step))
-            episode = config.training_tunnel(step).sample(local_batch, generator=generator).to(device)  # a no-op when drawn there
-            with autocast:
-                if t.supervised_only:
-                    logits = forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
-                else:
-                    logits = forward(episode.tokens)[:, episode.positions]  # [B, P, C]
-            loss = _loss(logits, episode, t.target)
-            loss_value = loss.detach().float()
-            first_bad = (first_bad_step == 0) & ~torch.isfinite(loss_value)
-            first_bad_step = torch.where(first_bad, step + 1, first_bad_step)
-            first_bad_loss = torch.where(first_bad, loss_value, first_bad_loss)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
-            optimizer.step()
-            step += 1
-            interval_steps += 1
+def _step(s: _Session, step: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """One optimizer step on a fresh batch: its learning rate, its loss and gradient norm (on the device)."""
+    t = s.t
+    lr = learning_rate(step, lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps, total_steps=t.steps, min_lr=t.min_lr)
+    for group in s.optimizer.param_groups:
+        group["lr"] = lr
+    generator = torch.Generator(device=s.data_device).manual_seed(data_seed(t.seed, s.dist.rank, step))
+    episode = s.config.training_tunnel(step).sample(s.local_batch, generator=generator).to(s.device)  # a no-op when drawn there
+    with s.autocast:
+        if t.supervised_only:
+            logits = s.forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
+        else:
+            logits = s.forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+    loss = _loss(logits, episode, t.target)
+    loss_value = loss.detach().float()
+    first_bad = (s.first_bad_step == 0) & ~torch.isfinite(loss_value)
+    s.first_bad_step = torch.where(first_bad, step + 1, s.first_bad_step)
+    s.first_bad_loss = torch.where(first_bad, loss_value, s.first_bad_loss)
+    s.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip if t.grad_clip > 0 else math.inf)
+    s.optimizer.step()
+    return lr, loss_value, grad_norm
 
-            # Every rank reaches the same boundaries (the collective in read_back needs them all).
-            logs = step % t.log_every == 0 or step == t.steps
-            # The time limit is looked at on log boundaries only (a host clock read, no sync).
-            over_time = bool(logs and t.time_limit_s and step < t.steps and time.perf_counter() - started >= t.time_limit_s)
-            evaluates = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
-            checkpoints = bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps
-            # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
-            # agree on it at the next boundary.
-            asked_to_stop = interrupt.requested and not dist.enabled
-            if not (logs or evaluates or checkpoints or step in snapshots or asked_to_stop):
-                bar.update(step, loss_value, last_mae)
-                if on_step is not None:
-                    on_step(step)
-                continue
-            mean_loss, stop, out_of_time = read_back(step, loss_value, over_time)
-            # Out of time: this step becomes the run's last, with everything a last step writes.
-            last = step == t.steps or out_of_time
-            evaluates, checkpoints = evaluates or out_of_time, checkpoints or out_of_time
-            record: dict[str, Any] | None = None
-            final_curves: dict[str, list[float]] | None = None
-            if logs:
-                now = time.perf_counter()
-                record = {
-                    "step": step,
-                    "loss": mean_loss.item(),
-                    "lr": lr,
-                    "grad_norm": grad_norm.item(),
-                    "seq_per_s": interval_steps * t.batch_size / max(now - interval_start, 1e-9),
-                    "elapsed_s": now - started,
-                }
-                rates.append(interval_steps / max(now - interval_start, 1e-9))
-                interval_start, interval_steps = now, 0
-            if evaluates and dist.is_main:
-                scores = run_eval()
-                last_mae = scores["mae_bits"]
-                latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
-                record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **latest}
-                if last:
-                    final_curves = scores["curves"]
-            if out_of_time and record is not None:
-                record = {**record, "stopped": "time_limit", "time_limit_s": t.time_limit_s}
-            if dist.is_main and record is not None:
-                _append_metrics(run_dir, record)  # the record first: the sinks follow it
-                tracking.log(record, curves=final_curves)
-            if checkpoints:
-                tracking.flush()  # a checkpoint never runs ahead of what the sinks hold on disk
-                save_state(step, latest)
-            if dist.is_main and (step in snapshots or out_of_time):
-                save_snapshot(run_dir, model, step, {**meta_base, "metrics": latest})
-            bar.update(step, mean_loss, last_mae, force=last)
-            if on_step is not None:
-                on_step(step)
-            if out_of_time:
-                break
-            if stop and step < t.steps:
-                save_state(step, latest)
-                raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {run_dir}`")
-        finished = True
-    finally:
-        bar.close()
-        tracking.close(finished)
-    if dist.is_main:
-        append_start(run_dir, _provenance(t, device, start, step, time.perf_counter() - started, rates, stopped=step < t.steps))
-    dist.barrier()
-    return TrainResult(run_dir=run_dir, steps=step, final_eval=latest or None, wall_s=time.perf_counter() - started, model=model)
+
+def _due(s: _Session, step: int) -> _Due:
+    """Which boundary work follows ``step``. Every rank reaches the same boundaries (the
+    collective in ``_read_back`` needs them all)."""
+    t = s.t
+    logs = step % t.log_every == 0 or step == t.steps
+    return _Due(
+        logs=logs,
+        # The time limit is looked at on log boundaries only (a host clock read, no sync).
+        over_time=bool(logs and t.time_limit_s and step < t.steps and time.perf_counter() - s.started >= t.time_limit_s),
+        evaluates=bool(t.eval_every and step % t.eval_every == 0) or step == t.steps,
+        checkpoints=bool(t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps,
+        snapshot=step in s.snapshots,
+        # Without DDP a Ctrl-C is a host flag, acted on after this step; under DDP the ranks
+        # agree on it at the next boundary.
+        asked_to_stop=s.interrupt.requested and not s.dist.enabled,
+    )
+
+
+def _read_back(s: _Session, step: int, loss_value: torch.Tensor, over_time: bool) -> tuple[torch.Tensor, bool, bool]:
+    """At a boundary: the loss (the mean over ranks), whether to stop, and whether the time
+    limit is reached; raises on a non-finite loss since the last boundary. The one place the
+    loop waits for the device."""
+    # One collective carries the loss, any pending Ctrl-C, the time limit and any divergence,
+    # so every rank agrees on the step at which to stop.
+    device = s.device
+    flags = torch.stack([
+        loss_value, torch.tensor(float(s.interrupt.requested), device=device), (s.first_bad_step > 0).float(),
+        torch.tensor(float(over_time), device=device),
+    ])
+    mean_loss, stop, diverged, out_of_time = s.dist.mean(flags).tolist()
+    if diverged > 0:
+        # Under DDP another rank may have diverged first: this rank then names the boundary.
+        bad, value = int(s.first_bad_step.item()), s.first_bad_loss.item()
+        saved = read_resume_step(s.run_dir)
+        kept = f"the checkpoint of step {saved} is kept" if saved is not None else "no checkpoint was saved yet"
+        raise TrainingDiverged(
+            f"loss became {value if bad else mean_loss} at step {bad or step}; {kept} "
+            "(lower train.lr or keep train.grad_clip > 0)"
+        )
+    return torch.tensor(mean_loss), stop > 0, out_of_time > 0
+
+
+def _save_state(s: _Session, step: int) -> None:
+    if s.dist.is_main:
+        save_resume(s.run_dir, s.model, s.optimizer, step, {**s.meta_base, "metrics": s.latest})
+
+
+def _boundary(s: _Session, step: int, due: _Due, lr: float, loss_value: torch.Tensor,
+              grad_norm: torch.Tensor) -> tuple[torch.Tensor, bool, bool]:
+    """The work due after ``step``, in order: read back, log, evaluate, append the metrics
+    record and track it, checkpoint, snapshot. Returns the loss (the mean over ranks), whether
+    to stop (a Ctrl-C) and whether the time limit made this step the run's last."""
+    t, dist = s.t, s.dist
+    mean_loss, stop, out_of_time = _read_back(s, step, loss_value, due.over_time)
+    # Out of time: this step becomes the run's last, with everything a last step writes.
+    last = step == t.steps or out_of_time
+    evaluates, checkpoints = due.evaluates or out_of_time, due.checkpoints or out_of_time
+    record: dict[str, Any] | None = None
+    final_curves: dict[str, list[float]] | None = None
+    if due.logs:
+        now = time.perf_counter()
+        record = {
+            "step": step,
+            "loss": mean_loss.item(),
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "seq_per_s": s.interval_steps * t.batch_size / max(now - s.interval_start, 1e-9),
+            "elapsed_s": now - s.started,
+        }
+        s.rates.append(s.interval_steps / max(now - s.interval_start, 1e-9))
+        s.interval_start, s.interval_steps = now, 0
+    if evaluates and dist.is_main:
+        scores = evaluate(model_predictor(s.model, device=s.device), s.eval_set, references=False)
+        s.last_mae = scores["mae_bits"]
+        s.latest = {f"eval_{k}": scores[k] for k in ("mae_aggregate_bits", "mae_bits", "kl_bits")}
+        record = {**(record or {"step": step, "loss": mean_loss.item(), "lr": lr}), **s.latest}
+        if last:
+            final_curves = scores["curves"]
+    if out_of_time and record is not None:
+        record = {**record, "stopped": "time_limit", "time_limit_s": t.time_limit_s}
+    if dist.is_main and record is not None:
+        _append_metrics(s.run_dir, record)  # the record first: the sinks follow it
+        s.tracking.log(record, curves=final_curves)
+    if checkpoints:
+        s.tracking.flush()  # a checkpoint never runs ahead of what the sinks hold on disk
+        _save_state(s, step)
+    if dist.is_main and (due.snapshot or out_of_time):
+        save_snapshot(s.run_dir, s.model, step, {**s.meta_base, "metrics": s.latest})
+    return mean_loss, stop, out_of_time
