@@ -4,6 +4,7 @@ every figure and every claim; then resumption and bad requests."""
 from __future__ import annotations
 
 import ast
+import html
 import json
 import os
 import re
@@ -232,8 +233,6 @@ def _layout(page: Path, width: int, tmp_path: Path, extra_css: str = "") -> dict
     result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
     found = re.search(r'<pre id="layout-probe">(.*?)</pre>', result.stdout, re.S)
     assert result.returncode == 0 and found, result.stderr[-2000:]
-    import html
-
     return json.loads(html.unescape(found[1]))
 
 

@@ -47,7 +47,7 @@ import torch
 from windtunnel.models import build_model, model_class
 from windtunnel.tunnels import Episode
 
-__all__ = ["ContractError", "check_model_family", "check_tunnel"]
+__all__ = ["ContractError", "check_draws_on_generator_device", "check_model_family", "check_tunnel"]
 
 #: Float64 sums of a few dozen probabilities: rounding is about 1e-16 per term.
 PROBABILITY_TOLERANCE = 1e-9
@@ -122,19 +122,32 @@ def check_tunnel(tunnel: Any, *, batch_size: int = 16, seed: int = 0) -> None:
     other = _tensor_fields(tunnel.sample(batch_size, generator=torch.Generator().manual_seed(seed + 1)))
     _require(not all(torch.equal(other[k], fields[k]) for k in fields), who, "another seed gives the same draw")
 
-    # The device rule.
-    with torch.device("meta"):
-        under_meta = _tensor_fields(tunnel.sample(batch_size, generator=torch.Generator().manual_seed(seed)))
-    for name, value in under_meta.items():
-        _require(value.device.type == "cpu", who, f"{name} was made on {value.device.type}, not on the generator's device "
-                 "(pass device=generator.device to every tensor factory)")
-        _require(torch.equal(value, fields[name]), who, f"{name} drawn under another default device differs")
+    check_draws_on_generator_device(tunnel, batch_size=batch_size, seed=seed)
 
     # Memory.
     # The per-sequence tensors (positions, one vector for the batch, is left out).
     held = sum(value.numel() * value.element_size() for name, value in fields.items() if name != "positions")
     _require(tunnel.sample_bytes(batch_size) == held, who,
              f"sample_bytes({batch_size}) = {tunnel.sample_bytes(batch_size)}, but the draw's per-sequence tensors hold {held} bytes")
+
+
+def check_draws_on_generator_device(tunnel: Any, *, batch_size: int = 16, seed: int = 0) -> None:
+    """The device rule alone: a draw from a CPU generator made under ``torch.device("meta")``
+    comes out on the CPU, equal to the normal draw, bit for bit.
+
+    Raises:
+        ContractError: naming the first tensor made elsewhere, or drawn differently.
+    """
+    who = f"tunnel {getattr(tunnel, 'name', type(tunnel).__name__)!r}"
+    reference = _tensor_fields(tunnel.sample(batch_size, generator=torch.Generator().manual_seed(seed)))
+    with torch.device("meta"):
+        under_meta = _tensor_fields(tunnel.sample(batch_size, generator=torch.Generator().manual_seed(seed)))
+    _require(under_meta.keys() == reference.keys(), who, "a draw under another default device has other fields")
+    for name, value in under_meta.items():
+        _require(value.device.type == "cpu", who, f"{name} was made on {value.device.type}, not on the generator's device "
+                 "(pass device=generator.device to every tensor factory)")
+        _require(value.dtype == reference[name].dtype and torch.equal(value, reference[name]), who,
+                 f"{name} drawn under another default device differs")
 
 
 def check_model_family(kind: str, config: Any = None, *, vocab_size: int = 7, num_classes: int = 5, max_len: int = 12) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from windtunnel.contract import check_draws_on_generator_device
 from windtunnel.run_config import TrainConfig, load_run_config
 from windtunnel.training.trainer import data_device_for
 from windtunnel.tunnels import make_tunnel
@@ -35,20 +36,8 @@ EXTRA_TUNNELS = [
 ]
 
 
-def _tensor_fields(episode) -> dict[str, torch.Tensor]:
-    return {f.name: getattr(episode, f.name) for f in dataclasses.fields(episode) if torch.is_tensor(getattr(episode, f.name))}
-
-
 def _check_follows_generator(tunnel) -> None:
-    reference = tunnel.sample(6, generator=torch.Generator().manual_seed(11))
-    with torch.device("meta"):
-        drawn = tunnel.sample(6, generator=torch.Generator().manual_seed(11))
-    expected = _tensor_fields(reference)
-    got = _tensor_fields(drawn)
-    assert got.keys() == expected.keys()
-    for name, value in got.items():
-        assert value.device.type == "cpu", f"{name} was made on {value.device}, not on the generator's device"
-        assert value.dtype == expected[name].dtype and torch.equal(value, expected[name]), name
+    check_draws_on_generator_device(tunnel, batch_size=6, seed=11)
 
 
 @pytest.mark.parametrize("preset", PRESET_TUNNELS)
