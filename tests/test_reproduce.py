@@ -183,8 +183,8 @@ def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_pa
 
 def test_the_report_imports_nothing_of_the_reproduction():
     """Every import of report/build.py and report/folder.py (functions and type-checking blocks
-    included) is of the report, the history, a run's provenance, the run layout's file names or the
-    standard library: never the plan it reports on."""
+    included) is of the report, the history, a run's provenance, the result types, the run layout's
+    file names or the standard library: never the plan it reports on."""
 
     def ours(module) -> set[str]:
         tree = ast.parse(Path(module.__file__).read_text())
@@ -194,8 +194,8 @@ def test_the_report_imports_nothing_of_the_reproduction():
 
     assert ours(report_build) == {"windtunnel.history", "windtunnel.provenance", "windtunnel.report.claim_types", "windtunnel.report.claims",
                                   "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.primitives",
-                                  "windtunnel.run_layout"}
-    assert ours(report_folder) == {"windtunnel.run_layout"}  # the file names alone (a leaf module)
+                                  "windtunnel.results", "windtunnel.results.generalization", "windtunnel.run_layout"}
+    assert ours(report_folder) == {"windtunnel.results", "windtunnel.run_layout"}  # the result types and the file names (leaves)
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -398,6 +398,7 @@ def test_a_scale_with_a_warmup_states_each_runs_measured_time_before_training(tm
     import dataclasses
 
     import windtunnel.reproduce as reproduce_module
+    from windtunnel.jobs import LocalEngine
 
     assert SCALES["paper"].warmup_steps >= 3
     monkeypatch.setitem(SCALES, "tiny", dataclasses.replace(SCALES["tiny"], warmup_steps=4))
@@ -406,11 +407,11 @@ def test_a_scale_with_a_warmup_states_each_runs_measured_time_before_training(tm
     class Stop(Exception):
         pass
 
-    def stop_before_training(jobs, **kwargs):
+    def stop_before_training(self, jobs, **kwargs):
         planned.update({job.name: job for job in jobs})
         raise Stop
 
-    monkeypatch.setattr(reproduce_module, "run_jobs", stop_before_training)
+    monkeypatch.setattr(LocalEngine, "run_jobs", stop_before_training)
     lines: list[str] = []
     with pytest.raises(Stop):
         reproduce_module.reproduce("tiny", tmp_path / "out", report=lines.append)

@@ -19,10 +19,10 @@ from windtunnel.analysis.runner import analyze
 from windtunnel.config import ConfigError
 from windtunnel.export import export_run
 from windtunnel.files import DirectoryInUse, directory_lock
-from windtunnel.jobs import TrainJob, run_jobs
+from windtunnel.jobs import TrainJob
 from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, model_class, params_by_part
-from windtunnel.ray_engine import RayEngine, check_engine
+from windtunnel.ray_engine import check_engine, open_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import ReportError
 from windtunnel.reproduce import reproduce
@@ -182,13 +182,9 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     for seed in range(base.train.seed, base.train.seed + args.seeds):
         overrides = (*args.overrides, f"train.seed={seed}")
         jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
-    check_engine(args.engine, args.address)
-    with _one_writer(out, create=True):
-        if args.engine == "ray":
-            with RayEngine(args.address) as engine:
-                engine.run_jobs(jobs, parallel=args.jobs)
-        else:
-            run_jobs(jobs, parallel=args.jobs)
+    check_engine(args.engine, args.address)  # before the folder is created: a bad request changes nothing
+    with _one_writer(out, create=True), open_engine(args.engine, args.address) as engine:
+        engine.run_jobs(jobs, parallel=args.jobs)
     print(json.dumps({"runs": [str(job.run_dir) for job in jobs], "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
 
 

@@ -15,7 +15,10 @@ on the plug-in itself.
   ``torch.device("meta")``, a factory call that forgets ``device=generator.device`` makes a
   meta tensor, so a draw from a CPU generator made under it must come out on the CPU and
   equal to the normal draw (no GPU needed to check it);
-- **memory**: ``sample_bytes(B)`` is the bytes of the draw's per-sequence tensors.
+- **memory**: ``sample_bytes(B)`` is the bytes of the draw's per-sequence tensors;
+- **words**: ``describe()`` (the task variant) and ``label()`` (the name with its sizing
+  parameters) are one-line texts, the label starting with the tunnel's name: the report
+  prints them and knows nothing else of a tunnel.
 
 ``check_model_family(kind)`` builds the family with its default config (a capacity-matched
 control: matched to a small transformer) and checks:
@@ -129,6 +132,12 @@ def check_tunnel(tunnel: Any, *, batch_size: int = 16, seed: int = 0) -> None:
     held = sum(value.numel() * value.element_size() for name, value in fields.items() if name != "positions")
     _require(tunnel.sample_bytes(batch_size) == held, who,
              f"sample_bytes({batch_size}) = {tunnel.sample_bytes(batch_size)}, but the draw's per-sequence tensors hold {held} bytes")
+
+    # Words.
+    for method in ("describe", "label"):
+        text = getattr(tunnel, method)()
+        _require(isinstance(text, str) and text.strip() != "" and "\n" not in text, who, f"{method}() must give a one-line text, got {text!r}")
+    _require(tunnel.label().startswith(tunnel.name), who, f"label() must start with the tunnel's name {tunnel.name!r}")
 
 
 def check_draws_on_generator_device(tunnel: Any, *, batch_size: int = 16, seed: int = 0) -> None:

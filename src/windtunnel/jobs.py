@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from tqdm import tqdm
 
@@ -46,11 +46,12 @@ from windtunnel.training.checkpoint import list_snapshots, read_final_weights_st
 from windtunnel.training.trainer import TrainingInterrupted
 
 __all__ = [
-    "JobFailed", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
+    "Engine", "JobFailed", "LocalEngine", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
     "unfinished", "worker_env",
 ]
 
 State = Literal["done", "partial", "new"]
+T = TypeVar("T")
 
 
 class JobFailed(RuntimeError):
@@ -223,6 +224,33 @@ def run_jobs(
             if bar is not None:
                 bar.n = done  # the bar's last state: the runs finished
                 bar.close()
+
+
+class Engine(Protocol):
+    """What trains the runs of a sweep or a reproduction: this machine's worker processes
+    (:class:`LocalEngine`) or Ray tasks (:class:`~windtunnel.ray_engine.RayEngine`). Callers
+    hold one and never ask which; ``windtunnel.ray_engine.open_engine`` gives the one named."""
+
+    def run_jobs(
+        self, jobs: Sequence[TrainJob], *, parallel: int = 1, nproc_per_run: int = 1, report: Callable[[str], None] | None = None
+    ) -> None:
+        """Train every job not yet done (:func:`run_jobs` says how, and what it raises)."""
+
+    def measurer(self, parallel: int, nproc_per_run: int, measure: Callable[[TrainJob, int, int], T]) -> Callable[[TrainJob, int, int], T]:
+        """``measure(job, steps, threads)`` made to run where ``job`` will train (its warm-up timing)."""
+
+
+class LocalEngine:
+    """The :class:`Engine` of this machine: :func:`run_jobs`'s worker processes; a measurement
+    runs in this process, on the device the runs will use."""
+
+    def run_jobs(
+        self, jobs: Sequence[TrainJob], *, parallel: int = 1, nproc_per_run: int = 1, report: Callable[[str], None] | None = None
+    ) -> None:
+        run_jobs(jobs, parallel=parallel, nproc_per_run=nproc_per_run, report=report)
+
+    def measurer(self, parallel: int, nproc_per_run: int, measure: Callable[[TrainJob, int, int], T]) -> Callable[[TrainJob, int, int], T]:
+        return measure
 
 
 def unfinished(

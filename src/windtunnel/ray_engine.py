@@ -32,13 +32,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
 from windtunnel.jobs import (
+    Engine,
     JobFailed,
+    LocalEngine,
     State,
     TrainJob,
     exit_error,
@@ -51,7 +54,7 @@ from windtunnel.jobs import (
 )
 from windtunnel.training.trainer import TrainingInterrupted
 
-__all__ = ["ENGINES", "RayEngine", "check_engine"]
+__all__ = ["ENGINES", "RayEngine", "check_engine", "open_engine"]
 
 ENGINES = ("local", "ray")
 #: The object store of a local Ray instance: the tasks exchange names and exit codes only.
@@ -75,6 +78,18 @@ def check_engine(engine: str, address: str | None) -> None:
             raise ConfigError(
                 "--engine ray needs Ray, which is not installed here: pip install 'windtunnel[ray]' (or use --engine local)"
             ) from None
+
+
+@contextmanager
+def open_engine(engine: str, address: str | None = None) -> Iterator[Engine]:
+    """The :class:`~windtunnel.jobs.Engine` named (``local`` or ``ray``), for the block of a
+    ``with``: Ray is connected (or a local instance started) on entry and shut down on exit."""
+    check_engine(engine, address)
+    if engine == "ray":
+        with RayEngine(address) as ray_engine:
+            yield ray_engine
+    else:
+        yield LocalEngine()
 
 
 class RayEngine:
@@ -131,7 +146,7 @@ class RayEngine:
         report: Callable[[str], None] | None = None,
         report_every_s: float = 30.0,
     ) -> None:
-        """Train every job not yet done, as :func:`windtunnel.jobs.run_jobs` does, each in a
+        """Train every job not yet done (:class:`~windtunnel.jobs.Engine`), as :func:`windtunnel.jobs.run_jobs` does, each in a
         Ray task; as many at a time as the cluster's resources allow (``parallel`` sets the
         CPUs a run asks for: this machine's cores over ``parallel``, as the local engine gives).
 

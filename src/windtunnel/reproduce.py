@@ -31,16 +31,17 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content
-from windtunnel.jobs import TrainJob, job_state, run_jobs, threads_per_run
+from windtunnel.jobs import Engine, TrainJob, job_state, threads_per_run
 from windtunnel.progress import AnalysesProgress
 from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE, RUNS_DIR
 from windtunnel.runs import keep_final_weights
-from windtunnel.ray_engine import RayEngine, check_engine
+from windtunnel.ray_engine import check_engine, open_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import (
     Manifest,
@@ -56,6 +57,7 @@ from windtunnel.studies import (
     AnalysisGroup,
     Preset,
     Scale,
+    Study,
     configs_folder,
 )
 
@@ -143,16 +145,13 @@ def project_from_warmup(
 
 
 @contextmanager
-def _training_engine(engine: str, address: str | None, jobs: Sequence[TrainJob]) -> Iterator[RayEngine | None]:
-    """The Ray engine for the block when ``engine`` is ray and some run is left to train
-    (connected before anything is written: a cluster it cannot reach changes nothing), else None."""
+def _training_engine(engine: str, address: str | None, jobs: Sequence[TrainJob]) -> Iterator[Engine]:
+    """The engine named for the block (Ray connected before anything is written: a cluster it
+    cannot reach changes nothing); this machine's when every run is done already."""
     check_engine(engine, address)
-    if engine != "ray" or all(job_state(job) == "done" for job in jobs):
-        yield None
-        return
-    with RayEngine(address) as ray_engine:
-        yield ray_engine
-
+    left = any(job_state(job) != "done" for job in jobs)
+    with open_engine(engine if left else "local", address if left else None) as opened:
+        yield opened
 
 
 def plan_analyses(
@@ -253,6 +252,38 @@ def reproduce(
     weights only (``paper``), each run is reduced to its final weights once analyzed.
     ``overrides`` (``--set``) change every run's config (trials: a dry run at a tiny size).
     """
+    study, scale = _study_and_scale(only, scale_name)
+    out = Path(out)
+    say = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    state = _read_state(out)
+    _check_folder(out, state, study, scale, resume)
+    planned = [dataclasses.replace(job, overrides=(*job.overrides, *overrides)) for job in plan_runs(scale, out, study.presets)]
+    jobs = _slice(planned, only_runs, time_limit_s)
+    present = [job for job in planned if job.name in {j.name for j in jobs} or (job.run_dir / CONFIG_FILE).is_file()]
+    groups = plan_analyses(present, study.groups)
+    command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {out}"
+    if only_runs:
+        command += f" --only-runs {' '.join(only_runs)}"
+    command += "".join(f" --set {override}" for override in overrides)
+    folder = _Folder(
+        out, study, scale, command,
+        runs=tuple(_manifest_run(job, out) for job in present),  # every config valid before anything starts
+        planned=tuple(job.name for job in planned),
+        spent_s=float(state.get("wall_s", 0.0)),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
+    with _training_engine(engine, address, jobs) as training_engine:
+        _train(folder, jobs, len(groups), training_engine, lanes, nproc_per_run, time_limit_s, report, say)
+    _analyze(folder, groups, say)
+    if scale.keep_final_weights_only:
+        for job in present:
+            keep_final_weights(job.run_dir)
+    return _report(folder, say)
+
+
+def _study_and_scale(only: str, scale_name: str) -> tuple[Study, Scale]:
+    """The study ``only`` names and its scale ``scale_name``, or a ConfigError naming the choices."""
     if only not in STUDIES:
         raise ConfigError(f"unknown --only {only!r}; choose from: {', '.join(STUDIES)}")
     study = STUDIES[only]
@@ -262,64 +293,84 @@ def reproduce(
         raise ConfigError(
             f"--only {study.name} has no --scale {scale_name} ({study.why_not}); choose from: {', '.join(study.scales)}"
         )
-    scale, out = study.scales[scale_name], Path(out)
-    say = report or (lambda line: print(line, file=sys.stderr, flush=True))
-    state = _read_state(out)
+    return study, study.scales[scale_name]
+
+
+def _check_folder(out: Path, state: dict[str, Any], study: Study, scale: Scale, resume: bool) -> None:
+    """Refuse an ``out`` that holds something else: files without ``resume``, or a
+    reproduction at another scale or of another study."""
     if out.exists() and has_content(out) and not resume:
         raise ConfigError(f"--out {str(out)!r} is not empty: continue that reproduction with --resume, or choose a new directory")
     if state and state.get("scale") != scale.name:
         raise ConfigError(f"{str(out)!r} holds a reproduction at --scale {state.get('scale')}, not {scale.name}: use another --out")
     if state and state.get("study", "claims") != study.name:
         raise ConfigError(f"{str(out)!r} holds a reproduction of --only {state.get('study', 'claims')}, not {study.name}: use another --out")
-    planned = [dataclasses.replace(job, overrides=(*job.overrides, *overrides)) for job in plan_runs(scale, out, study.presets)]
-    jobs = _slice(planned, only_runs, time_limit_s)
-    present = [job for job in planned if job.name in {j.name for j in jobs} or (job.run_dir / CONFIG_FILE).is_file()]
-    groups = plan_analyses(present, study.groups)
-    runs = tuple(_manifest_run(job, out) for job in present)  # every config valid before anything starts
-    planned_names = tuple(job.name for job in planned)
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {out}"
-    if only_runs:
-        command += f" --only-runs {' '.join(only_runs)}"
-    command += "".join(f" --set {override}" for override in overrides)
-    spent = float(state.get("wall_s", 0.0))
-    started = time.monotonic()
 
-    def wall_s() -> float:
-        return round(spent + time.monotonic() - started, 1)
 
-    def checkpoint_state(stage: str, wall: float | None = None) -> None:
+@dataclass
+class _Folder:
+    """The reproduction being made in ``out``: what its manifest says, and the wall clock
+    (``spent_s`` by earlier sessions, plus this one's since it was made)."""
+
+    out: Path
+    study: Study
+    scale: Scale
+    command: str
+    runs: tuple[ManifestRun, ...]
+    planned: tuple[str, ...]
+    spent_s: float
+    started: float = field(default_factory=time.monotonic)
+
+    def wall_s(self) -> float:
+        return round(self.spent_s + time.monotonic() - self.started, 1)
+
+    def save(self, stage: str, wall: float | None = None) -> None:
         """Rewrite the manifest at ``stage``, with the wall time spent (``wall``, else until now)."""
+        scale = self.scale
         manifest = Manifest(
-            scale.name, stage, wall_s() if wall is None else wall, command, scale.hardware, scale.cuts, runs, study.name, planned_names,
-            scale.meaning,
+            scale.name, stage, self.wall_s() if wall is None else wall, self.command, scale.hardware, scale.cuts, self.runs,
+            self.study.name, self.planned, scale.meaning,
         )
-        atomic_write_text(out / MANIFEST_FILE, manifest.to_json())
+        atomic_write_text(self.out / MANIFEST_FILE, manifest.to_json())
 
-    lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
-    with _training_engine(engine, address, jobs) as ray_engine:
-        checkpoint_state("train")
-        if scale.warmup_steps and not time_limit_s:  # the projection from a measurement on this device, before anything trains
-            threads = threads_per_run(lanes, nproc_per_run)
-            measure = None if ray_engine is None else ray_engine.measurer(lanes, nproc_per_run, measure_steps_per_s)
-            jobs = project_from_warmup(jobs, scale.warmup_steps, threads, say, measure)
-        if time_limit_s:
-            jobs = [dataclasses.replace(job, expected_s=min(job.expected_s or time_limit_s, time_limit_s)) for job in jobs]
-        remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
-        say(
-            f"[reproduce] scale {scale.name}, {study.name}: {len(jobs)} runs, {len(groups)} analysis groups; expects {scale.hardware}"
-            + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
-        )
-        say("[reproduce] stage 1/3: training")
-        try:
-            if ray_engine is None:
-                run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)  # None: its own display, a bar on a terminal
-            else:
-                ray_engine.run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=say)
-        finally:
-            checkpoint_state("train")  # an interrupted reproduction still counts the time it trained
 
-    checkpoint_state("analyze")
+def _train(
+    folder: _Folder,
+    jobs: Sequence[TrainJob],
+    n_groups: int,
+    engine: Engine,
+    lanes: int,
+    nproc_per_run: int,
+    time_limit_s: float,
+    report: Callable[[str], None] | None,
+    say: Callable[[str], None],
+) -> None:
+    """Stage 1: the ETA (projected from a warm-up on this device where the scale asks), then
+    every run not yet done, ``lanes`` at a time."""
+    scale = folder.scale
+    folder.save("train")
+    if scale.warmup_steps and not time_limit_s:  # the projection from a measurement on this device, before anything trains
+        measure = engine.measurer(lanes, nproc_per_run, measure_steps_per_s)
+        jobs = project_from_warmup(jobs, scale.warmup_steps, threads_per_run(lanes, nproc_per_run), say, measure)
+    if time_limit_s:
+        jobs = [dataclasses.replace(job, expected_s=min(job.expected_s or time_limit_s, time_limit_s)) for job in jobs]
+    remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
+    say(
+        f"[reproduce] scale {scale.name}, {folder.study.name}: {len(jobs)} runs, {n_groups} analysis groups; expects {scale.hardware}"
+        + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
+    )
+    say("[reproduce] stage 1/3: training")
+    try:
+        # report None: the local engine's own display, a bar on a terminal
+        engine.run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)
+    finally:
+        folder.save("train")  # an interrupted reproduction still counts the time it trained
+
+
+def _analyze(folder: _Folder, groups: Sequence[tuple[AnalysisGroup, list[Path]]], say: Callable[[str], None]) -> None:
+    """Stage 2: each group's analyses of the trained weights and of the initial ones (those
+    already saved over the same runs are kept)."""
+    folder.save("analyze")
     say("[reproduce] stage 2/3: analyses")
     from windtunnel.analysis import (  # heavy imports only once training is done
         ANALYSES,
@@ -327,6 +378,7 @@ def reproduce(
     )
     from windtunnel.analysis.runner import analyze_runs
 
+    out = folder.out
     per_configuration = tuple(name for name, analysis in ANALYSES.items() if analysis.scope == "seeds")
     progress = AnalysesProgress(len(groups), say)
     for group, run_dirs in groups:
@@ -347,20 +399,19 @@ def reproduce(
             f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'}; at initialization "
             f"{len(written_init)} ({time.monotonic() - t0:.0f} s)"
         )
-        checkpoint_state("analyze")
+        folder.save("analyze")
 
-    if scale.keep_final_weights_only:
-        for job in present:
-            keep_final_weights(job.run_dir)
 
+def _report(folder: _Folder, say: Callable[[str], None]) -> Path:
+    """Stage 3: the report, built from the folder alone (as `windtunnel report` rebuilds it)."""
     say("[reproduce] stage 3/3: report")
-    reported = wall_s()
-    checkpoint_state("report", reported)
+    reported = folder.wall_s()
+    folder.save("report", reported)
     try:
-        index = build_report(out)  # from the folder alone, as `windtunnel report` rebuilds it
+        index = build_report(folder.out)
     except ReportError as error:  # a saved file damaged since it was written: one line, as for bad input
         raise ConfigError(str(error)) from None
     # "done" keeps the wall time the report states, so a report rebuilt from the folder states the same.
-    checkpoint_state("done", reported)
-    say(f"[reproduce] done in {(time.monotonic() - started) / 60:.1f} min this session; report: {index}")
+    folder.save("done", reported)
+    say(f"[reproduce] done in {(time.monotonic() - folder.started) / 60:.1f} min this session; report: {index}")
     return index

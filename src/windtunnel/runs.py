@@ -37,7 +37,7 @@ from windtunnel.training.checkpoint import (
 )
 from windtunnel.tunnels import TUNNELS
 from windtunnel.tunnels.capabilities import Relabeling, declares
-from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE, METRICS_FILE
+from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE
 
 __all__ = [
     "evaluate_run",

@@ -24,6 +24,7 @@ from windtunnel.analysis.stats import average_ranks, pca, spearman
 from windtunnel.evaluation import evaluate, model_predictor
 from windtunnel.models import run_with_trace
 from windtunnel.report.claims import evaluate_claims
+from windtunnel.results.dynamics import TrainingDynamics
 from windtunnel.figures import FIGURES
 from windtunnel.run_config import run_config_from_mapping
 from windtunnel.run_config import build_run_model
@@ -233,7 +234,10 @@ def test_stabilization_fraction_and_the_fall_after_it_against_closed_forms(tmp_p
     assert result["mae_ratio_stabilization_to_final"] == result["ratio_stabilization_to_final"]["mae_bits"]
 
     # The claim reads the bijection's metric, the aggregate error, there and at the end.
-    verdict = {v.claim.key: v for v in evaluate_claims({"bijection_transformer": {"training_dynamics": result}})}
+    header = {"analysis": "training_dynamics", "run_dirs": [str(run_dir)], "tunnel": config.to_mapping()["tunnel"],
+              "task_variant": config.tunnel.describe(), "tunnel_label": config.tunnel.label(), "run": "transformer seed 0"}
+    typed = TrainingDynamics.from_json({**header, **json.loads(json.dumps(result))})  # as the report reads it back
+    verdict = {v.claim.key: v for v in evaluate_claims({"bijection_transformer": {"training_dynamics": typed}})}
     measured = verdict["dissociation"].measured.values
     assert measured == {"fraction": pytest.approx(0.215), "ratio": pytest.approx(at["mae_aggregate_bits"] / end["mae_aggregate_bits"])}
     # aggregate error 1.22 bits at step 215 against 0.60 at the end (worked out from the exact

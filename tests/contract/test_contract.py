@@ -28,8 +28,15 @@ def test_every_registered_model_family_keeps_the_contract(kind):
 class Broken:
     """A real tunnel with one thing done wrong to each draw (``spoil(episode, generator)``)."""
 
-    def __init__(self, spoil, sample_bytes=None) -> None:
+    def __init__(self, spoil, sample_bytes=None, words=None) -> None:
         self.inner, self.spoil, self._bytes = make_tunnel("bijection", {"V": 5}), spoil, sample_bytes
+        self._words = words or {}
+
+    def describe(self) -> str:
+        return self._words.get("describe", self.inner.describe())
+
+    def label(self) -> str:
+        return self._words.get("label", self.inner.label())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -62,6 +69,17 @@ def _one_hot_elsewhere(episode, _):
 def test_each_tunnel_rule_fails_a_tunnel_that_breaks_it(spoil, sample_bytes, rule):
     with pytest.raises(ContractError, match=rule):
         check_tunnel(Broken(spoil, sample_bytes))
+
+
+@pytest.mark.parametrize(("words", "rule"), [
+    ({"describe": ""}, "describe\\(\\) must give a one-line text"),
+    ({"describe": "two\nlines"}, "describe\\(\\) must give a one-line text"),
+    ({"label": None}, "label\\(\\) must give a one-line text"),
+    ({"label": "V = 5"}, "label\\(\\) must start with the tunnel's name"),
+])
+def test_a_tunnel_whose_words_the_report_cannot_print_fails(words, rule):
+    with pytest.raises(ContractError, match=rule):
+        check_tunnel(Broken(lambda e, g: e, words=words))
 
 
 @dataclasses.dataclass(frozen=True)

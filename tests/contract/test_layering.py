@@ -2,8 +2,8 @@
 
 tunnels and models depend on torch (and the leaf modules config and metrics) only;
 neither imports the other, so a tunnel can never depend on a model's internals or the
-reverse. The report depends on saved results, not on models or training; figures on saved
-JSON alone. Training sits below the runs, the runs below the analyses, and none of them
+reverse. The report depends on saved results (read as the leaf package results' types), not on
+models or training; figures on saved JSON alone. Training sits below the runs, the runs below the analyses, and none of them
 imports the report, the reproduction or the CLI. Every file name of a run directory comes
 from the leaf module run_layout. The check reads import statements, so it also sees
 imports inside functions.
@@ -31,11 +31,14 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     "windtunnel.history": {"windtunnel.run_layout"},
     "windtunnel.provenance": {"windtunnel.files", "windtunnel.run_layout"},
     "windtunnel.memory": {"windtunnel.config"},
+    # The typed analysis results: plain data, read by the analyses that make them and the report.
+    "windtunnel.results": set(),
     # Figures are drawn from saved JSON alone.
     "windtunnel.figures": set(),
     # The report reads saved results only: never a model, a tunnel, the trainer, or the
     # reproduction that wrote them.
-    "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.provenance", "windtunnel.run_layout"},
+    "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.provenance", "windtunnel.results",
+                          "windtunnel.run_layout"},
 }
 
 #: Layers above a package that it must not import (the arrows run one way: the CLI and the
@@ -132,7 +135,7 @@ def _ruled_imports(rules: dict[str, set[str]]):
 
 def test_no_forbidden_import_edges():
     for module, owner, imported in _ruled_imports(ALLOWED):
-        assert _within(imported, owner) or imported in ALLOWED[owner], f"{module} imports {imported}"
+        assert _within(imported, owner) or any(_within(imported, allowed) for allowed in ALLOWED[owner]), f"{module} imports {imported}"
 
 
 def test_no_import_runs_back_up_the_layers():

@@ -44,6 +44,12 @@ class CoinTunnel:
         if horizon < 1:
             raise ConfigError(f"{name}={horizon} is out of range: need at least 1 flip")
 
+    def describe(self) -> str:
+        return "uniform bias"
+
+    def label(self) -> str:
+        return f"coin (K = {self.K})"
+
     @property
     def vocab_size(self) -> int:
         return 3

@@ -15,7 +15,9 @@ import statistics
 import pytest
 
 from windtunnel.analysis.base import summarize
-from windtunnel.report.claims import CLAIMS, PAPER_METRIC, MissingResult, evaluate_claims, tally, variant_name
+from windtunnel.report.claims import CLAIMS, PAPER_METRIC, MissingResult, evaluate_claims, tally
+
+from fakes import typed_results
 
 BY_KEY = {claim.key: claim for claim in CLAIMS}
 METRICS = ("mae_aggregate_bits", "mae_bits", "kl_bits")
@@ -26,7 +28,7 @@ def judge(key: str, values: dict) -> bool:
 
 
 def verdicts(results) -> dict:
-    return {v.claim.key: v for v in evaluate_claims(results)}
+    return {v.claim.key: v for v in evaluate_claims(typed_results(results))}
 
 
 # --- the criteria, on both sides ----------------------------------------------------------
@@ -164,12 +166,12 @@ def test_nothing_measured_is_not_applicable_not_a_failure():
 
 
 def test_a_broken_result_is_raised_not_reported_as_not_applicable():
-    # The analysis is present but its content is wrong: that is a bug, not a missing analysis.
-    with pytest.raises(KeyError):
-        evaluate_claims({"bijection_transformer": {"layer_ablation": {"layers": [{"mae_ratio": 12.0}]}}})
-    with pytest.raises(TypeError):
-        evaluate_claims({"hmm_transformer": {"relabeling": {"per_run": None, "relative_change": 0.0}}})
-    assert issubclass(MissingResult, LookupError) and not issubclass(MissingResult, KeyError)
+    # The analysis is present but holds nothing to judge: that is a bug, not a missing analysis.
+    with pytest.raises(ValueError):  # no layer: min() of nothing
+        evaluate_claims(typed_results({"bijection_transformer": {"layer_ablation": {"layers": []}}}))
+    with pytest.raises(IndexError):  # no run
+        evaluate_claims(typed_results({"hmm_transformer": {"relabeling": {"per_run": [], "relative_change": 0.0}}}))
+    assert issubclass(MissingResult, LookupError) and not issubclass(MissingResult, (KeyError, IndexError))
 
 
 # --- what each claim reads ------------------------------------------------------------------
@@ -184,7 +186,7 @@ def row(values: dict[str, float], prior: dict[str, float] | None = None) -> dict
 def comparison(tunnel: dict, models: dict[str, dict[int, dict[str, float]]], training_horizon: int) -> dict:
     horizons = sorted({h for m in models.values() for h in m})
     return {
-        "tunnel": tunnel,
+        **tunnel,
         "horizons": horizons,
         "training_horizon": training_horizon,
         "models": {name: {"n_runs": 1, "horizons": {str(h): row(v) for h, v in by_h.items()}} for name, by_h in models.items()},
@@ -192,23 +194,15 @@ def comparison(tunnel: dict, models: dict[str, dict[int, dict[str, float]]], tra
 
 
 def single(tunnel: dict, model: str, by_h: dict[int, dict[str, float]], training_horizon: int) -> dict:
-    return {"tunnel": tunnel, "model": model, "n_runs": 1, "training_horizon": training_horizon,
+    return {**tunnel, "model": model, "n_runs": 1, "training_horizon": training_horizon,
             "horizons": {str(h): row(v) for h, v in by_h.items()}}
 
 
-OURS_HMM = {"name": "hmm", "floor": 0.0, "grid": 0.05}
-AUTHORS_HMM = {"name": "hmm", "floor": 0.05, "grid": 0.01}
-OURS_BIJECTION = {"name": "bijection", "with_replacement": False}
-AUTHORS_BIJECTION = {"name": "bijection", "with_replacement": True}
-
-
-def test_variants_are_named_for_the_sampling_they_are():
-    assert variant_name(OURS_HMM) == "no floor, grid 0.05"
-    assert variant_name(AUTHORS_HMM) == "floor 0.05, grid 0.01"
-    sharper = {**OURS_HMM, "concentration": 0.5, "transition_concentration": 0.2, "stickiness": 0.3}
-    assert variant_name(sharper) == "no floor, grid 0.05, concentration 0.5, T concentration 0.2, stickiness 0.3"
-    assert variant_name(OURS_BIJECTION) == "without replacement"
-    assert variant_name(AUTHORS_BIJECTION) == "with replacement"
+# A result's header: the tunnel's parameters and its own words for the variant (as the analysis saves them).
+OURS_HMM = {"tunnel": {"name": "hmm", "floor": 0.0, "grid": 0.05}, "task_variant": "no floor, grid 0.05"}
+AUTHORS_HMM = {"tunnel": {"name": "hmm", "floor": 0.05, "grid": 0.01}, "task_variant": "floor 0.05, grid 0.01"}
+OURS_BIJECTION = {"tunnel": {"name": "bijection", "with_replacement": False}, "task_variant": "without replacement"}
+AUTHORS_BIJECTION = {"tunnel": {"name": "bijection", "with_replacement": True}, "task_variant": "with replacement"}
 
 
 def test_hmm_accuracy_reads_kl_and_prefers_the_authors_variant():
@@ -271,7 +265,7 @@ def test_the_tally_names_the_verdicts_the_seeds_split():
     per_run(horizons["20"], [0.0027, 0.0022, 0.0027], "kl_bits")  # holds on every seed
     per_run(horizons["30"], [0.063, 0.059, 0.020], "kl_bits")  # fails; seed 2 holds alone
     per_run(horizons["50"], [0.05, 0.117, 0.096], "kl_bits")  # holds; seed 1 fails alone
-    text = tally(evaluate_claims({"hmm": {"model_comparison": table}}))
+    text = tally(evaluate_claims(typed_results({"hmm": {"model_comparison": table}})))
     n = len(CLAIMS)
     assert text.startswith(f"2 of 3 claims hold ({n - 3} not evaluated)")
     assert "on the median only, with a seed that fails alone: HMM K=50" in text
@@ -432,8 +426,8 @@ def test_layer_ablation_judges_each_seed_against_itself():
     assert got.measured.values == {"min_ratio": pytest.approx(16.5)} and got.holds is True  # median of 25x and 8x
     assert [v["min_ratio"] for v in got.measured.per_seed] == [pytest.approx(25.0), pytest.approx(8.0)]
     assert got.seeds == (True, False) and got.seed_split == "1 of 2 seeds holds"
-    # Saved before each run's intact metrics were kept, or with unequal seed counts: no split.
-    del hmm["intact_per_run"]
+    # Without each run's intact metrics, or with unequal seed counts: no split.
+    hmm["intact_per_run"] = []
     assert verdicts(results)["layer_ablation"].seeds == ()
 
 
@@ -526,15 +520,15 @@ def test_dissociation_reads_the_aggregate_error_at_settling_and_at_the_end():
 def test_hmm_transformer_rows_prefer_the_floored_twin_and_name_its_variant():
     # The paper scale trains a floored twin of the HMM transformer: the per-position,
     # relabeling and layer-ablation rows are judged on it, named for its variant.
-    ours = {**generalization(3.0, 0.004, 0.05), "tunnel": OURS_HMM}
-    floored = {**generalization(1.5, 0.004, 0.05), "tunnel": AUTHORS_HMM}
+    ours = {**generalization(3.0, 0.004, 0.05), **OURS_HMM}
+    floored = {**generalization(1.5, 0.004, 0.05), **AUTHORS_HMM}
     got = verdicts({"hmm_transformer": {"length_generalization": ours}})["no_break"]
     assert got.holds is False and "(no floor, grid 0.05)" in got.ours
     got = verdicts({"hmm_transformer": {"length_generalization": ours},
                     "hmm_transformer_floor": {"length_generalization": floored}})["no_break"]
     assert got.holds is True and "(floor 0.05, grid 0.01)" in got.ours
     bijection = layers([{"mae_aggregate_bits": 50.0}])
-    hmm, hmm_floored = layers([{"kl_bits": 9.0}]), {**layers([{"kl_bits": 30.0}]), "tunnel": AUTHORS_HMM}
+    hmm, hmm_floored = layers([{"kl_bits": 9.0}]), {**layers([{"kl_bits": 30.0}]), **AUTHORS_HMM}
     got = verdicts({"bijection_transformer": {"layer_ablation": bijection}, "hmm_transformer": {"layer_ablation": hmm},
                     "hmm_transformer_floor": {"layer_ablation": hmm_floored}})["layer_ablation"]
     assert got.measured.values == {"min_ratio": 30.0} and "hmm (floor 0.05, grid 0.01) kl_bits 30x" in got.ours
@@ -558,6 +552,7 @@ def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_d
 
     trained = {**_bijection_results(0.004), **_hmm_results(0.02)}  # bijection holds (< 0.02); HMM K=20 fails (>= 0.01)
     initial = {**_bijection_results(0.9), **_hmm_results(0.001)}  # and the reverse at initialization
+    trained, initial = typed_results(trained), typed_results(initial)
     verdicts, numbers = claim_tables(trained, initial, "cpu")
     assert verdicts.columns == ["claim", "holds?", "criterion", "paper passes?", "random init holds? (must be no)"]
     assert numbers.columns == ["claim", "the paper's number (metric, task variant)", "ours (cpu scale)",
@@ -584,7 +579,7 @@ def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_d
     assert waiting_verdicts.caption.endswith(waiting_words)
     assert waiting_words not in verdicts.caption
     # Another scale's verdicts beside: a column of their own, after ours.
-    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", {**_bijection_results(0.5), **_hmm_results(0.001)}))
+    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", typed_results({**_bijection_results(0.5), **_hmm_results(0.001)})))
     assert beside.columns[2] == "holds at cpu scale?"
     rows = {row[0]: row for row in beside.rows}
     assert rows[bijection][1:3] == ["yes", "no"] and rows[hmm_k20][1:3] == ["no", "yes"]
@@ -596,7 +591,7 @@ def test_the_tally_counts_what_is_waiting_and_names_every_split_claim():
     per_run(horizons["20"], [0.0027, 0.02], "kl_bits")  # two seeds: the median 0.011 fails, seed 0 holds alone
     per_run(horizons["30"], [0.01, 0.06, 0.07, 0.08], "kl_bits")  # four seeds: the median 0.065 fails, seed 0 holds alone
     per_run(horizons["50"], [0.05, 0.117, 0.096, 0.01], "kl_bits")  # median 0.073 holds, seed 1 fails alone
-    results = evaluate_claims({"hmm": {"model_comparison": table}})
+    results = evaluate_claims(typed_results({"hmm": {"model_comparison": table}}))
     n = len(CLAIMS)
     k20, k30, k50 = (BY_KEY[key].claim for key in ("hmm_k20", "hmm_k30", "hmm_k50"))
     assert tally(results, pending=True) == (
@@ -650,18 +645,16 @@ def test_numbers_are_formatted_with_two_or_three_significant_digits_and_factors_
     assert fmt_times(6.0, 2.0) == "3x" and fmt_times(1.0, 0.0) == "∞x"
 
 
-def test_variant_names_default_to_the_plain_sampling_and_per_seed_values_need_two_seeds():
+def test_a_result_names_its_variant_in_its_tunnels_words_and_per_seed_values_need_two_seeds():
     from windtunnel.report.claim_results import model_scores, variant_of
 
-    assert variant_name({"name": "hmm", "grid": 0.05}) == "no floor, grid 0.05"  # a saved config without the newer keys
-    assert variant_name({"name": "hmm", "grid": 0.05, "stickiness": 0.0}) == "no floor, grid 0.05"
-    assert variant_name({"name": "assoc_recall"}) == "assoc_recall"
-    assert variant_of({"tunnel": OURS_BIJECTION}) == " (without replacement)" and variant_of({}) == ""
     one = comparison(OURS_HMM, {"transformer": {20: {"kl_bits": 0.003}}}, 20)
+    assert variant_of(typed_results({"hmm": {"model_comparison": one}})["hmm"]["model_comparison"]) == " (no floor, grid 0.05)"
     per_run(one["models"]["transformer"]["horizons"]["20"], [0.003], "kl_bits")
-    assert model_scores({"hmm": {"model_comparison": one}}, "hmm", "transformer").per_seed(20, "kl_bits") == []  # one run
+    assert model_scores(typed_results({"hmm": {"model_comparison": one}}), "hmm", "transformer").per_seed(20, "kl_bits") == []  # one run
     per_run(one["models"]["transformer"]["horizons"]["20"], [0.003, 0.004], "kl_bits")
-    assert model_scores({"hmm": {"model_comparison": one}}, "hmm", "transformer").per_seed(20, "kl_bits") == [0.003, 0.004]
+    got = model_scores(typed_results({"hmm": {"model_comparison": one}}), "hmm", "transformer")
+    assert got.per_seed(20, "kl_bits") == [0.003, 0.004] and got.variant == "no floor, grid 0.05"
 
 
 def test_each_measure_writes_its_numbers_into_the_table_text_as_the_table_shows_them():
@@ -756,7 +749,7 @@ def test_the_text_names_every_horizon_from_two_on_and_says_when_attention_never_
     transformer = {20: {"kl_bits": 0.05}, 30: {"kl_bits": 0.1}}
     mlp = {20: {"kl_bits": 0.6}, 30: {"kl_bits": 0.7}}
     results = {"hmm": {"model_comparison": comparison(OURS_HMM, {"transformer": transformer, "mlp": mlp}, 20)}}
-    (got,) = evaluate_claims(results, claims=[BY_KEY["hmm_separation"]])  # the K=50 accuracy claim would find no K=50 row
+    (got,) = evaluate_claims(typed_results(results), claims=[BY_KEY["hmm_separation"]])  # the K=50 accuracy claim would find no K=50 row
     assert got.ours.startswith("MLP 0.6/0.7 bits kl_bits at K=20/30 (prior 0.5); 12x the transformer")
     never = {"stabilization_step": None, "stabilization_fraction": None}
     got = verdicts({"bijection_transformer": {"training_dynamics": never}})["dissociation"]
@@ -767,7 +760,7 @@ def test_layer_ablation_reads_the_hmm_alone_and_claims_can_be_evaluated_one_at_a
     hmm = layers([{"kl_bits": 30.0}, {"kl_bits": 11.0}])
     got = verdicts({"hmm_transformer": {"layer_ablation": hmm}})["layer_ablation"]
     assert got.measured.values == {"min_ratio": 11.0} and got.ours == "hmm kl_bits 30x, 11x per layer"
-    (only,) = evaluate_claims({"hmm_transformer": {"layer_ablation": hmm}}, claims=[BY_KEY["layer_ablation"]])
+    (only,) = evaluate_claims(typed_results({"hmm_transformer": {"layer_ablation": hmm}}), claims=[BY_KEY["layer_ablation"]])
     assert only.claim.key == "layer_ablation" and only.holds is True
 
 
@@ -777,10 +770,10 @@ def test_table1_and_the_figures_skip_the_groups_a_folder_does_not_hold(tmp_path)
     transformer = {h: {"kl_bits": 0.05, "mae_bits": 0.1, "mae_aggregate_bits": 0.1} for h in (20, 30, 50)}
     table = comparison(OURS_HMM, {"transformer": transformer}, 20)
     table["models"]["transformer"]["n_runs"] = 1
-    (only,) = _table1({"hmm": {"model_comparison": table}})  # no bijection, no floored HMM
+    (only,) = _table1(typed_results({"hmm": {"model_comparison": table}}))  # no bijection, no floored HMM
     assert [row[:3] for row in only.rows] == [["transformer", 1, h] for h in (20, 30, 50)] + [
         ["context-free prior", None, h] for h in (20, 30, 50)]
-    sections = _claims_sections(tmp_path, {"hmm": {"model_comparison": table}}, "tiny", [])
+    sections = _claims_sections(tmp_path, typed_results({"hmm": {"model_comparison": table}}), "tiny", [])
     # the one figure whose analysis the folder holds: the MLP control's, of group hmm
     assert [s.title for s in sections] == ["Claims", "The paper's Table 1: error by model and horizon",
                                            "The MLP control, and Table 1's curves (the paper's Fig 10)"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fakes import typed_result, typed_results
 from windtunnel.cli import main
 from windtunnel.evaluation import EvalSet, evaluate
 from windtunnel.report.primitives import (
@@ -84,15 +85,17 @@ def test_a_cell_decided_on_the_median_says_when_its_seeds_disagree():
     row = {"mae_bits": stats(maes), "kl_bits": stats(kls), "prior": {"mae_bits": 3.25, "kl_bits": 3.25},
            "per_run": [{"mae_bits": m, "kl_bits": k} for m, k in zip(maes, kls)]}
     comparison = {"training_horizon": 4, "primitive": "random-access binding", "tunnel": {"name": "assoc_recall", "n_pairs": 8},
+                  "tunnel_label": "assoc_recall (n_pairs = 8)",
                   "models": {"transformer": {"n_runs": 3, "n_parameters": 10, "horizons": {"4": row}}}}
-    _, (cell,) = primitive_cells(comparison)
+    _, (cell,) = primitive_cells(typed_result("model_comparison", comparison))
     assert (cell.verdict, cell.seed_verdicts, cell.seeds_split) == ("realizes", ("realizes", "realizes", "fails"), "2 realize, 1 fails")
     assert (cell.interval, cell.mae_range) == ("seeds", (0.25, 3.07))
-    verdicts, numbers, _ = primitive_sections({"recall8": {"model_comparison": comparison}}, Path("/nonexistent"))
+    verdicts, numbers, _ = primitive_sections(typed_results({"recall8": {"model_comparison": comparison}}), Path("/nonexistent"))
     assert verdicts.tables[0].rows[0][3] == "realizes (seeds split on assoc_recall (n_pairs = 8): 2 realize, 1 fails) / paper: realizes (agrees)"
     assert "3 seeds, which split: 2 realize, 1 fails" in numbers.tables[0].rows[0][4]
     unanimous = dict(row, per_run=row["per_run"][:2], mae_bits=stats([0.25, 0.25, 0.26]))
-    _, (cell,) = primitive_cells(dict(comparison, models={"transformer": {"n_runs": 2, "n_parameters": 10, "horizons": {"4": unanimous}}}))
+    unanimous_comparison = dict(comparison, models={"transformer": {"n_runs": 2, "n_parameters": 10, "horizons": {"4": unanimous}}})
+    _, (cell,) = primitive_cells(typed_result("model_comparison", unanimous_comparison))
     assert cell.seeds_split == ""
 
 
@@ -110,7 +113,8 @@ def _comparison(tunnel, predictors: dict, n: int = 512) -> dict:
         row["per_run"] = [{m: scores[m] for m in ("mae_bits", "kl_bits")} | {f"{m}_ci": scores[f"{m}_ci"] for m in ("mae_bits", "kl_bits")}]
         row["prior"] = {m: scores["prior"][m] for m in ("mae_bits", "kl_bits")}
         models[name] = {"n_runs": 1, "n_parameters": 0, "horizons": {str(tunnel.horizon): row}}
-    return {"training_horizon": tunnel.horizon, "models": models, "primitive": primitive_of(tunnel), "tunnel": {"name": tunnel.name}}
+    return {"training_horizon": tunnel.horizon, "models": models, "primitive": primitive_of(tunnel), "tunnel": {"name": tunnel.name},
+            "tunnel_label": tunnel.label()}
 
 
 @pytest.mark.parametrize("config", ["bijection", "hmm", "assoc_recall"])
@@ -130,7 +134,7 @@ def test_the_exact_posterior_realizes_and_the_context_free_prior_fails(config):
     def context_free(episode):
         return mean_posterior.expand_as(episode.posterior)
 
-    prior, cells = primitive_cells(_comparison(tunnel, {"mlp": context_free, "transformer": exact}))
+    prior, cells = primitive_cells(typed_result("model_comparison", _comparison(tunnel, {"mlp": context_free, "transformer": exact})))
     verdicts = {cell.architecture: cell.verdict for cell in cells}
     assert [cell.architecture for cell in cells] == ["transformer", "mlp"]  # the paper's order
     assert verdicts == {"transformer": "realizes", "mlp": "fails"}
@@ -261,7 +265,8 @@ def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path
                 "per_run": [{"mae_bits": mae, "kl_bits": kl, "mae_bits_ci": [mae * 0.9, mae * 1.1], "kl_bits_ci": [kl * 0.8, kl * 1.2]}]}
 
     def comparison(primitive, tunnel, models, h):
-        return {"training_horizon": h, "primitive": primitive, "tunnel": tunnel,
+        label = {"bijection": "bijection (V = 8)", "hmm": "hmm (S = 5, M = 5, K = 20)"}[tunnel["name"]]  # the tunnels' own words
+        return {"training_horizon": h, "primitive": primitive, "tunnel": tunnel, "tunnel_label": label,
                 "models": {name: {"n_runs": 1, "n_parameters": n, "horizons": {str(h): r}} for name, (n, r) in models.items()}}
 
     bijection = {"name": "bijection", "V": 8, "L": 7}
@@ -278,7 +283,7 @@ def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path
                for group, r in results.items()}
     (tmp_path / "hmm").mkdir()
     (tmp_path / "hmm" / "model_comparison.png").write_bytes(b"")
-    verdicts, numbers, curves = primitive_sections(results, tmp_path, at_init)
+    verdicts, numbers, curves = primitive_sections(typed_results(results), tmp_path, typed_results(at_init))
     assert verdicts.tables[0].columns == ["architecture", *PRIMITIVES]
     assert verdicts.tables[0].rows == [
         ["transformer", "realizes / paper: realizes (agrees)", "realizes / paper: realizes (agrees)", "not trained / paper: realizes"],
@@ -307,7 +312,7 @@ def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path
     # known order (a plug-in) is listed after the known ones.
     at_init["hmm"]["model_comparison"]["models"]["lstm"]["horizons"]["20"] = row(1.0, 1.0)
     results["hmm"]["model_comparison"]["models"]["plugin_net"] = {"n_runs": 1, "n_parameters": 20001, "horizons": {"20": row(1.0, 0.9)}}
-    _, numbers, _ = primitive_sections(results, tmp_path, at_init)
+    _, numbers, _ = primitive_sections(typed_results(results), tmp_path, typed_results(at_init))
     hmm_rows = [r for r in numbers.tables[0].rows if r[0] == "belief transport"]
     assert [r[2] for r in hmm_rows] == ["transformer", "lstm", "plugin_net", "context-free prior"]
     assert hmm_rows[1][5] == "partly (50%)"

@@ -51,9 +51,9 @@ def test_the_report_names_each_hmm_run_that_never_left_the_plateau(tmp_path):
     _write_history(left, [(1000, 0.105), (2000, 0.104), (3000, 0.06), (4000, 0.04)])
     _write_history(stuck, [(1000, 0.105), (2000, 0.101), (3000, 0.099)])
     _write_history(bijection, [(1000, 1.2), (2000, 0.01)])
-    jobs = [TrainJob("hmm_transformer_seed0", CPU / "hmm_transformer.toml", left),
-            TrainJob("hmm_transformer_seed1", CPU / "hmm_transformer.toml", stuck),
-            TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", bijection)]
+    jobs = [TrainJob("hmm_transformer_seed0", CPU / "hmm_transformer.toml", left, preset="hmm_transformer"),
+            TrainJob("hmm_transformer_seed1", CPU / "hmm_transformer.toml", stuck, preset="hmm_transformer"),
+            TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", bijection, preset="bijection_transformer")]
     section = _runs_section(jobs)
     cells = {row[0]: row[-1] for row in section.tables[0].rows}
     assert cells == {
@@ -67,7 +67,7 @@ def test_the_report_names_each_hmm_run_that_never_left_the_plateau(tmp_path):
     assert "Every HMM transformer run here left it." in _runs_section([jobs[0], jobs[2]]).text
     fresh = tmp_path / "hmm_fresh"
     fresh.mkdir()
-    section = _runs_section([TrainJob("hmm_transformer_seed2", CPU / "hmm_transformer.toml", fresh)])
+    section = _runs_section([TrainJob("hmm_transformer_seed2", CPU / "hmm_transformer.toml", fresh, preset="hmm_transformer")])
     assert section.tables[0].rows[0][-1] == "not evaluated yet" and "Never left" not in section.text
 
 
@@ -97,7 +97,7 @@ def test_the_eta_of_a_resumed_run_uses_its_current_speed(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RESUMED))
-    job = TrainJob("hmm_transformer_seed0", CPU / "hmm_transformer.toml", run_dir)
+    job = TrainJob("hmm_transformer_seed0", CPU / "hmm_transformer.toml", run_dir, preset="hmm_transformer")
     steps = job.resolved().train.steps
     line = status_line([(job, 0.0)], [], parallel=1)
     minutes, seconds = divmod(int((steps - 500) * 0.2), 60)
@@ -109,14 +109,14 @@ def test_the_report_counts_every_start_of_a_resumed_run(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RESUMED))
-    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir)])
+    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir, preset="bijection_transformer")])
     assert section.tables[0].rows[0][4] == round(80.0 / 60, 1)  # train minutes: both starts
 
 
 def test_a_study_without_the_hmm_plateau_gets_the_runs_table_without_its_column(tmp_path):
     run_dir = tmp_path / "bij"
     _write_history(run_dir, [(1000, 1.2), (2000, 0.01)])
-    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir)], plateau=False,
+    section = _runs_section([TrainJob("bijection_transformer_seed0", CPU / "bijection_transformer.toml", run_dir, preset="bijection_transformer")], plateau=False,
                             not_yet_run=["bijection_lstm_seed0"])
     assert section.title == "Runs" and section.text == ""
     (table,) = section.tables

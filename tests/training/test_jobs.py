@@ -112,3 +112,25 @@ def test_on_a_terminal_the_runs_are_a_bar_and_the_messages_print_above_it(tmp_pa
     assert "[train] 1/1 done: only" in shown
     drawn = shown.split("\r")[-1]  # the bar's last state, left on its own line
     assert re.match(r"\[train\] 1\.0/1 runs \|.+\| \d\d:\d\d", drawn), drawn
+
+
+def test_the_local_engine_trains_what_run_jobs_trains_and_both_engines_keep_one_interface(tmp_path):
+    import inspect
+
+    from windtunnel.jobs import Engine, LocalEngine
+    from windtunnel.ray_engine import RayEngine, open_engine
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(CONFIG.replace("steps = 300_000", "steps = 4"))
+    lines: list[str] = []
+    with open_engine("local") as engine:
+        assert isinstance(engine, LocalEngine)
+        engine.run_jobs([TrainJob("only", config, tmp_path / "runs" / "only")], parallel=1, report=lines.append)
+        measure = lambda job, steps, threads: (1.0, "cpu")  # noqa: E731
+        assert engine.measurer(1, 1, measure) is measure  # measured here, in this process
+    assert lines[-1] == "[train] 1/1 done: only" and list_snapshots(tmp_path / "runs" / "only")[-1] == 4
+    # What a caller holding an Engine may pass, each engine takes (RayEngine adds report_every_s, defaulted).
+    for method in ("run_jobs", "measurer"):
+        wanted = list(inspect.signature(getattr(Engine, method)).parameters)
+        for cls in (LocalEngine, RayEngine):
+            assert list(inspect.signature(getattr(cls, method)).parameters)[:len(wanted)] == wanted, (cls, method)

@@ -118,7 +118,7 @@ def test_a_registered_tunnel_needs_a_name_a_dataclass_and_the_whole_contract():
             pass
 
     with pytest.raises(ValueError, match=r"^Partial does not keep the Tunnel contract: it lacks vocab_size, num_classes, horizon, "
-                                         r"check_horizon, seq_len, prior_predictive, sample_bytes$"):
+                                         r"check_horizon, seq_len, prior_predictive, sample_bytes, describe, label$"):
         register_tunnel(Partial)
     with pytest.raises(ValueError, match=r"^a tunnel named 'hmm' is registered already \(HMMTunnel\)$"):
         register_tunnel(HMMTunnel)

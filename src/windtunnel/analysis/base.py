@@ -1,7 +1,8 @@
 """What every analysis shares: loaded runs, the fixed evaluation batch, and the registry.
 
-An analysis is a function ``compute(runs) -> dict`` (JSON-able) registered under a name
-with :func:`register`. Its *scope* says which runs it accepts:
+An analysis is a function ``compute(runs) -> dict`` registered under a name with
+:func:`register`, and its result type in :mod:`windtunnel.results` registered under the
+same name; :meth:`Analysis.run` gives the typed result. Its *scope* says which runs it accepts:
 
 - ``"seeds"``: runs of one configuration (same tunnel, model family and variant: a
   :class:`Configuration`), e.g. three seeds whose results are averaged; most analyses
@@ -11,7 +12,7 @@ with :func:`register`. Its *scope* says which runs it accepts:
 
     from windtunnel.analysis import ANALYSES, load_runs
     runs = load_runs(["runs/bij_seed0", "runs/bij_seed1"])
-    result = ANALYSES["layer_ablation"].compute(runs)
+    result = ANALYSES["layer_ablation"].run(runs)  # a windtunnel.results.ablation.LayerAblation
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 from windtunnel.config import to_mapping
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.models import Role, model_class, run_with_trace
+from windtunnel.results import RESULT_TYPES, AnalysisResult
 from windtunnel.run_config import RunConfig, build_run_model
 from windtunnel.runs import load_run_model
 from windtunnel.training.distributed import pick_device
@@ -277,6 +279,20 @@ class Analysis:
             return "it needs attention, and these models have none"
         return self.requires(runs) if self.requires else None
 
+    def run(self, runs: Sequence[Run]) -> AnalysisResult:
+        """The analysis of ``runs`` as its typed result (:data:`windtunnel.results.RESULT_TYPES`):
+        what :attr:`compute` measures, after the header every result starts with (the runs
+        read, the tunnel's parameters and its own words for the task variant)."""
+        tunnel = runs[0].config.tunnel
+        header = {
+            "analysis": self.name,
+            "run_dirs": [str(r.directory) for r in runs],
+            "tunnel": runs[0].config.to_mapping()["tunnel"],
+            "task_variant": tunnel.describe(),
+            "tunnel_label": tunnel.label(),
+        }
+        return RESULT_TYPES[self.name].from_json({**header, **self.compute(runs)})
+
 
 #: Every analysis by name, in the order ``windtunnel analyze`` runs them.
 ANALYSES: dict[str, Analysis] = {}
@@ -296,6 +312,8 @@ def register(
     def decorate(compute: Callable[[Sequence[Run]], dict[str, Any]]) -> Callable:
         if name in ANALYSES:
             raise ValueError(f"analysis {name!r} is registered twice")
+        if name not in RESULT_TYPES:
+            raise ValueError(f"analysis {name!r} has no result type: register one with @result_type({name!r}) in windtunnel.results")
         description = (compute.__doc__ or name).strip().splitlines()[0]
         ANALYSES[name] = Analysis(name, compute, scope, needs_attention, description, requires)
         return compute

@@ -34,8 +34,7 @@ def analyze_runs(
 ) -> dict[str, Path]:
     """Run the analyses ``only`` names (default: all that apply) on loaded runs.
 
-    Writes ``folder/<name>.json`` (the result, with the runs' directories and their tunnel's
-    parameters: the task variant its numbers belong to) and ``folder/<name>.png``; with ``skip_existing`` an
+    Writes ``folder/<name>.json`` (the typed result, :meth:`~windtunnel.analysis.base.Analysis.run`) and ``folder/<name>.png``; with ``skip_existing`` an
     analysis whose JSON is already there is not recomputed. An analysis named in ``only``
     that does not apply to the runs is an error, unless ``applicable`` (then it is
     skipped). ``say`` receives one line per analysis written or skipped (and why) as it goes,
@@ -63,12 +62,7 @@ def analyze_runs(
         if not (skip_existing and path.exists()):
             if starting is not None:
                 starting(name, index, len(names))
-            result = {
-                "analysis": name,
-                "run_dirs": [str(r.directory) for r in runs],
-                "tunnel": runs[0].config.to_mapping()["tunnel"],  # the task variant every number belongs to
-                **analysis.compute(runs),
-            }
+            result = analysis.run(runs).to_json()
             atomic_write_text(path, json.dumps(result, indent=1))
             if "markdown" in result:  # a table (Table 1) also as Markdown, beside its JSON
                 atomic_write_text(folder / f"{name}.md", result["markdown"])

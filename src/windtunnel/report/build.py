@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ from windtunnel.history import (
     training_seconds,
 )
 from windtunnel.provenance import read_provenance
-from windtunnel.report.claim_types import Verdict, median_of
-from windtunnel.report.claims import evaluate_claims, tally, variant_name
+from windtunnel.report.claim_types import Results, Verdict
+from windtunnel.report.claims import evaluate_claims, tally
 from windtunnel.report.folder import (
     REPORTABLE_STAGES,
     Manifest,
@@ -39,6 +39,8 @@ from windtunnel.report.folder import (
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.primitives import primitive_sections
+from windtunnel.results import AnalysisResult, Summary
+from windtunnel.results.generalization import HorizonScores
 from windtunnel.run_layout import ANALYSIS_DIR, INIT_DIR, REPORT_DIR
 
 __all__ = ["FIGURE_PLAN", "assemble_report", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
@@ -117,12 +119,12 @@ def _verdict_cell(judged: Verdict, pending: bool = False) -> str:
 
 
 #: Another reproduction's claim results shown beside this one's: its scale and its results.
-Beside = tuple[str, dict[str, dict[str, dict[str, Any]]]]
+Beside = tuple[str, Results]
 
 
 def claim_tables(
-    results: dict[str, dict[str, dict[str, Any]]],
-    at_init: dict[str, dict[str, dict[str, Any]]],
+    results: Results,
+    at_init: Results,
     scale: str,
     *,
     pending: bool = False,
@@ -181,17 +183,16 @@ def claim_tables(
     return verdicts, numbers
 
 
-def _table1_models(group: dict[str, dict[str, Any]]) -> tuple[str, list[tuple[str, int, dict[str, Any]]], list[int]] | None:
+def _table1_models(group: Mapping[str, AnalysisResult]) -> tuple[str, list[tuple[str, int, Mapping[int, HorizonScores]]], list[int]] | None:
     """``(variant, [(model, runs, horizons)], horizons)`` of a comparison group, from its Table 1
     or, where the scale trained one model of it, that model's per-position analysis."""
     if "model_comparison" in group:
         table = group["model_comparison"]
-        models = [(name, m["n_runs"], m["horizons"]) for name, m in table["models"].items()]
-        return variant_name(table["tunnel"]), models, table["horizons"]
+        models = [(name, m.n_runs, m.horizons) for name, m in table.models.items()]
+        return table.task_variant, models, list(table.horizons)
     if "length_generalization" in group:
         single = group["length_generalization"]
-        horizons = [int(h) for h in single["horizons"]]
-        return variant_name(single["tunnel"]), [(single["model"], single["n_runs"], single["horizons"])], horizons
+        return single.task_variant, [(single.model, single.n_runs, single.horizons)], list(single.horizons)
     return None
 
 
@@ -200,14 +201,14 @@ def _table1_models(group: dict[str, dict[str, Any]]) -> tuple[str, list[tuple[st
 _TABLE1_COLUMNS = ("mae_bits", "mae_aggregate_bits", "kl_bits")
 
 
-def _kl_range(stats: dict[str, float]) -> str | None:
+def _kl_range(stats: Summary) -> str | None:
     """``min–max`` over seeds where they differ, else None."""
-    if "min" not in stats or stats["min"] == stats["max"]:
+    if stats.min == stats.max:
         return None
-    return f"{stats['min']:.3g}–{stats['max']:.3g}"
+    return f"{stats.min:.3g}–{stats.max:.3g}"
 
 
-def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
+def _table1(results: Results) -> list[Table]:
     tables = []
     for group in TABLE1_GROUPS:
         found = _table1_models(results.get(group, {}))
@@ -217,12 +218,12 @@ def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
         rows: list[list[Any]] = []
         for name, n_runs, by_horizon in models:
             for h in horizons:
-                row = by_horizon[str(h)]
-                rows.append([name, n_runs, h, *(median_of(row[m]) for m in _TABLE1_COLUMNS), _kl_range(row["kl_bits"])])
+                row = by_horizon[h]
+                rows.append([name, n_runs, h, *(getattr(row, m).median for m in _TABLE1_COLUMNS), _kl_range(row.kl_bits)])
         first = models[0][2]
         for h in horizons:
-            prior = first[str(h)]["prior"]
-            rows.append(["context-free prior", None, h, *(prior[m] for m in _TABLE1_COLUMNS), None])
+            prior = first[h].prior
+            rows.append(["context-free prior", None, h, *(getattr(prior, m) for m in _TABLE1_COLUMNS), None])
         tables.append(
             Table(
                 ["model", "seeds", "horizon", *_TABLE1_COLUMNS, "kl_bits over the seeds"],
@@ -234,10 +235,15 @@ def _table1(results: dict[str, dict[str, dict[str, Any]]]) -> list[Table]:
     return tables
 
 
-def _plateau_cell(config: Any, records: list[dict[str, Any]]) -> tuple[str, bool]:
+#: The claims study's presets whose runs are HMM transformers: the runs that can sit on the
+#: plateau (the preset a run seeds says what it is, so the report need not know tunnels).
+PLATEAU_PRESETS = ("hmm_transformer", "hmm_late_attention_off", "hmm_transformer_floor", "hmm_late_attention_off_floor")
+
+
+def _plateau_cell(preset: str, records: list[dict[str, Any]]) -> tuple[str, bool]:
     """Whether an HMM transformer run left the plateau, and where ("—" for other runs);
     and whether it is one that never did."""
-    if config.tunnel.name != "hmm" or config.model_kind != "transformer":
+    if preset not in PLATEAU_PRESETS:
         return "—", False
     step = plateau_exit_step(records)
     if step is not None:
@@ -289,7 +295,7 @@ def _runs_section(runs: Sequence[RunRecord], *, plateau: bool = True, not_yet_ru
         row = [run.name, config.model_kind, _steps_cell(config.train.steps, records), config.train.batch_size, wall,
                evals[-1] if evals else None, _trained_on_cell(run.run_dir)]
         if plateau:
-            cell, never_left = _plateau_cell(config, records)
+            cell, never_left = _plateau_cell(run.preset, records)
             row.append(cell)
             if never_left:
                 stuck.append(run.name)
@@ -391,7 +397,7 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
 
 def _claims_sections(
     out: Path,
-    results: dict[str, dict[str, dict[str, Any]]],
+    results: Results,
     scale: str,
     runs: Sequence[RunRecord],
     *,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from windtunnel.report.claim_results import (
     HMM_TRANSFORMER_GROUPS,
@@ -25,7 +24,6 @@ from windtunnel.report.claim_results import (
     result_of,
     safe_ratio,
     seed_range_text,
-    variant_name,
     variant_of,
 )
 from windtunnel.report.claim_types import (
@@ -35,8 +33,9 @@ from windtunnel.report.claim_types import (
     MissingResult,
     Results,
     Values,
-    median_of,
 )
+from windtunnel.results.ablation import LayerAblation
+from windtunnel.results.generalization import SeedSpreadAgainstMlp
 
 __all__ = [
     "accuracy",
@@ -62,7 +61,6 @@ __all__ = [
     "smooth_at_the_horizon",
     "unique_layer0_head",
     "value_manifold",
-    "variant_name",
 ]
 
 
@@ -114,7 +112,7 @@ def _separation(tunnel: str, results: Results) -> Measured:
     (transformer, mlp), found = models_on(results, tunnel, ["transformer", "mlp"])
     h = transformer.training_horizon
     ratio = mlp.metric(h, metric) / transformer.metric(h, metric)
-    horizons = [int(k) for k in mlp.horizons]
+    horizons = list(mlp.horizons)
     mlps = "/".join(fmt_bits(mlp.metric(k, metric)) for k in horizons)
     at = f" at K={'/'.join(map(str, horizons))}" if len(horizons) > 1 else ""
     ours = f"MLP {mlps} bits {metric}{at} (prior {fmt_bits(mlp.prior(h, metric))}); {fmt_factor(ratio)} the transformer ({mlp.variant})"
@@ -144,11 +142,11 @@ def late_attention(results: Results) -> Measured:
     if not groups:
         raise MissingResult("late_attention")
     result = results[groups[0]]["late_attention"]
-    horizons = result["horizons"]
-    factors = {h: row["factors"]["kl_bits"] for h, row in horizons.items()}
-    at = f" at K={'/'.join(horizons)}"
+    horizons = result.horizons
+    factors = {h: row.factors.kl_bits for h, row in horizons.items()}
+    at = f" at K={'/'.join(map(str, horizons))}"
     ours = "kl_bits " + "/".join(fmt_factor(f) for f in factors.values()) + at
-    strict = "mae_bits " + "/".join(fmt_factor(row["factors"]["mae_bits"]) for row in horizons.values()) + at
+    strict = "mae_bits " + "/".join(fmt_factor(row.factors.mae_bits) for row in horizons.values()) + at
     return Measured({"kl_factors": list(factors.values())}, ours, strict)
 
 
@@ -174,30 +172,26 @@ def layer_ablation(results: Results) -> Measured:
         raise MissingResult("layer_ablation")
     parts, strict, minima = [], [], []
     for tunnel, result in found.items():
-        layers = result["layers"]
         metric = PAPER_METRIC[tunnel]
-        ratios = [median_of(row["ratios"][metric]) for row in layers]
+        ratios = [getattr(row.ratios, metric).median for row in result.layers]
         minima.append(min(ratios))
         parts.append(f"{tunnel}{variant_of(result)} {metric} " + ", ".join(fmt_factor(r) for r in ratios))
-        strict.append(f"{tunnel} mae_bits " + ", ".join(fmt_factor(median_of(row["ratios"]["mae_bits"])) for row in layers))
+        strict.append(f"{tunnel} mae_bits " + ", ".join(fmt_factor(row.ratios.mae_bits.median) for row in result.layers))
     return Measured({"min_ratio": min(minima)}, "; ".join(parts) + " per layer", "; ".join(strict), _layer_ablation_per_seed(found))
 
 
-def _layer_ablation_per_seed(found: Mapping[str, Mapping[str, Any]]) -> tuple[Values, ...]:
+def _layer_ablation_per_seed(found: Mapping[str, LayerAblation]) -> tuple[Values, ...]:
     """Seed ``s``'s smallest ratio over layers and tunnels (seed ``s`` of each tunnel), each
-    run against itself, where every tunnel trained the same number of seeds (more than one)
-    and the result keeps each run's intact metrics (results saved before it did: ())."""
-    if any("intact_per_run" not in result for result in found.values()):
-        return ()
-    counts = {len(result["intact_per_run"]) for result in found.values()}
+    run against itself, where every tunnel trained the same number of seeds (more than one)."""
+    counts = {len(result.intact_per_run) for result in found.values()}
     if len(counts) != 1 or counts.pop() < 2:
         return ()
     per_seed = []
-    for s in range(len(next(iter(found.values()))["intact_per_run"])):
+    for s in range(len(next(iter(found.values())).intact_per_run)):
         ratios = [
-            row["per_run"][s][PAPER_METRIC[tunnel]] / result["intact_per_run"][s][PAPER_METRIC[tunnel]]
+            getattr(row.per_run[s], PAPER_METRIC[tunnel]) / getattr(result.intact_per_run[s], PAPER_METRIC[tunnel])
             for tunnel, result in found.items()
-            for row in result["layers"]
+            for row in result.layers
         ]
         per_seed.append({"min_ratio": min(ratios)})
     return tuple(per_seed)
@@ -205,19 +199,18 @@ def _layer_ablation_per_seed(found: Mapping[str, Mapping[str, Any]]) -> tuple[Va
 
 def head_ablation(results: Results) -> Measured:
     result = result_of(results, "bijection_transformer", "head_ablation")
-    seeds = result["per_run"]
+    seeds = result.per_run
     parts = []
     for run in seeds:
-        worst = run["worst"]
-        over = run["top_over_second"]
+        worst, over = run.worst, run.top_over_second
         parts.append(
-            f"L{worst['layer']}H{worst['head']} {fmt_factor(worst['mae_ratio'])}, "
+            f"L{worst.layer}H{worst.head} {fmt_factor(worst.mae_ratio)}, "
             + (f"{over:.2f}x the next" if over is not None else "next not destructive")
         )
     values = {
-        "worst_layers": [run["worst"]["layer"] for run in seeds],
-        "worst_ratios": [run["worst"]["mae_ratio"] for run in seeds],
-        "top_over_second": [run["top_over_second"] for run in seeds],
+        "worst_layers": [run.worst.layer for run in seeds],
+        "worst_ratios": [run.worst.mae_ratio for run in seeds],
+        "top_over_second": [run.top_over_second for run in seeds],
     }
     return Measured(values, f"worst head per seed ({len(seeds)}): " + "; ".join(parts))
 
@@ -236,34 +229,34 @@ def unique_layer0_head(values: Values) -> bool:
 
 def no_break(results: Results) -> Measured:
     result = first_result(results, HMM_TRANSFORMER_GROUPS, "length_generalization")
-    horizons = result["horizons"]
-    trained = result["training_horizon"]
-    beyond = [h for h in horizons if int(h) > trained]
+    horizons = result.horizons
+    trained = result.training_horizon
+    beyond = [h for h in horizons if h > trained]
     if not beyond:
         raise MissingResult("length_generalization beyond the training horizon")
-    longest = max(beyond, key=int)
+    longest = max(beyond)
     row = horizons[longest]
-    kl = row["beyond"]["kl_bits"]
-    prior_within = horizons[str(trained)]["prior"]["kl_bits"] if str(trained) in horizons else None
-    boundary = kl["boundary"]
-    ratio = boundary["ratio"]
+    kl = row.beyond.kl_bits
+    prior_within = horizons[trained].prior.kl_bits if trained in horizons else None
+    boundary = kl.boundary
+    ratio = boundary.ratio
     ours = (
-        f"K={longest}{variant_of(result)}: kl_bits step t={trained}→{trained + 1} {fmt_bits(boundary['step'])} vs largest nearby "
-        f"{fmt_bits(boundary['largest_neighbor_step'])} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
-        f"mean over t≤{trained} {fmt_bits(kl['within_training'])}, after {fmt_bits(kl['beyond_training'])}"
+        f"K={longest}{variant_of(result)}: kl_bits step t={trained}→{trained + 1} {fmt_bits(boundary.step)} vs largest nearby "
+        f"{fmt_bits(boundary.largest_neighbor_step)} ({'n/a' if ratio is None else f'{ratio:.2g}x'}); "
+        f"mean over t≤{trained} {fmt_bits(kl.within_training)}, after {fmt_bits(kl.beyond_training)}"
     )
-    mae = row["beyond"]["mae_bits"]["boundary"]
-    strict = f"mae_bits step {fmt_bits(mae['step'])} vs {fmt_bits(mae['largest_neighbor_step'])}"
+    mae = row.beyond.mae_bits.boundary
+    strict = f"mae_bits step {fmt_bits(mae.step)} vs {fmt_bits(mae.largest_neighbor_step)}"
     values = {
         "boundary_ratio": ratio,
-        "within_training_kl_bits": kl["within_training"],
+        "within_training_kl_bits": kl.within_training,
         "prior_kl_bits": prior_within,
     }
-    runs = [run for run in row.get("per_run", []) if "beyond" in run]  # saved before per-run curves were judged: none
+    runs = [run for run in row.per_run if run.beyond is not None]
     per_seed = tuple(
         {
-            "boundary_ratio": run["beyond"]["kl_bits"]["boundary"]["ratio"],
-            "within_training_kl_bits": run["beyond"]["kl_bits"]["within_training"],
+            "boundary_ratio": run.beyond.kl_bits.boundary.ratio,
+            "within_training_kl_bits": run.beyond.kl_bits.within_training,
             "prior_kl_bits": prior_within,
         }
         for run in runs
@@ -283,31 +276,31 @@ def smooth_at_the_horizon(values: Values) -> bool:
 
 def relabeling(results: Results) -> Measured:
     result = first_result(results, HMM_TRANSFORMER_GROUPS, "relabeling")
-    run = result["per_run"][0]
-    low, high = run["delta_mae_bits_ci"]
+    run = result.per_run[0]
+    low, high = run.delta_mae_bits_ci
     ours = (
-        f"ΔMAE {run['delta_mae_bits']:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {fmt_bits(run['mae_bits_before'])} "
-        f"(prior {fmt_bits(run['mae_bits_prior'])}){variant_of(result)}"
+        f"ΔMAE {run.delta_mae_bits:+.2g} bits, 95% CI [{low:+.2g}, {high:+.2g}]; MAE {fmt_bits(run.mae_bits_before)} "
+        f"(prior {fmt_bits(run.mae_bits_prior)}){variant_of(result)}"
     )
     values = {
         "delta_ci": [low, high],
-        "relative_change": result["relative_change"],
-        "mae_bits": run["mae_bits_before"],
-        "prior_mae_bits": run["mae_bits_prior"],
+        "relative_change": result.relative_change,
+        "mae_bits": run.mae_bits_before,
+        "prior_mae_bits": run.mae_bits_prior,
     }
     per_seed = tuple(
         {
-            "delta_ci": list(r["delta_mae_bits_ci"]),
-            "relative_change": abs(r["delta_mae_bits"]) / r["mae_bits_before"] if r["mae_bits_before"] else None,
-            "mae_bits": r["mae_bits_before"],
-            "prior_mae_bits": r["mae_bits_prior"],
+            "delta_ci": list(r.delta_mae_bits_ci),
+            "relative_change": abs(r.delta_mae_bits) / r.mae_bits_before if r.mae_bits_before else None,
+            "mae_bits": r.mae_bits_before,
+            "prior_mae_bits": r.mae_bits_prior,
         }
-        for r in result["per_run"]
-    ) if len(result["per_run"]) > 1 else ()
-    kl_low, kl_high = run["delta_kl_bits_ci"]
+        for r in result.per_run
+    ) if len(result.per_run) > 1 else ()
+    kl_low, kl_high = run.delta_kl_bits_ci
     strict = (
-        f"ΔKL {run['delta_kl_bits']:+.2g} bits, 95% CI [{kl_low:+.2g}, {kl_high:+.2g}] on kl_bits "
-        f"{fmt_bits(run['kl_bits_before'])} (KL sees which state is which; entropy does not)"
+        f"ΔKL {run.delta_kl_bits:+.2g} bits, 95% CI [{kl_low:+.2g}, {kl_high:+.2g}] on kl_bits "
+        f"{fmt_bits(run.kl_bits_before)} (KL sees which state is which; entropy does not)"
     )
     return Measured(values, ours, strict, per_seed)
 
@@ -329,19 +322,19 @@ def seeds(results: Results) -> Measured:
     else:
         raise MissingResult("seeds")
     metric = PAPER_METRIC[tunnel]
-    rows = [row["metrics"][metric] for row in result["horizons"].values()]
-    spread = max(row["spread"] for row in rows)
-    if any("gap_over_spread" not in row for row in rows):
+    rows = [getattr(row.metrics, metric) for row in result.horizons.values()]
+    spread = max(row.spread for row in rows)
+    if not all(isinstance(row, SeedSpreadAgainstMlp) for row in rows):
         ours = f"{tunnel}: seed spread {fmt_bits(spread)} bits {metric} (no MLP to compare)"
         return Measured({"gap_over_spread": None, "gap_fraction": None}, ours)
     # Seeds with no spread at all (identical errors) fit infinitely many times into any gap.
-    gap = min(math.inf if row["gap_over_spread"] is None else row["gap_over_spread"] for row in rows)
-    fraction = min(row["gap_to_mlp"] / row["mlp"] for row in rows)
+    gap = min(math.inf if row.gap_over_spread is None else row.gap_over_spread for row in rows)
+    fraction = min(row.gap_to_mlp / row.mlp for row in rows)
     ours = (
-        f"{tunnel}, {len(result['seeds'])} seeds: spread {fmt_bits(spread)} bits {metric}; the MLP's gap {fmt_factor(gap)} the spread, "
+        f"{tunnel}, {len(result.seeds)} seeds: spread {fmt_bits(spread)} bits {metric}; the MLP's gap {fmt_factor(gap)} the spread, "
         f"{fraction:.0%} of the MLP's error"
     )
-    mae = [row["metrics"]["mae_bits"]["spread"] for row in result["horizons"].values()]
+    mae = [row.metrics.mae_bits.spread for row in result.horizons.values()]
     return Measured({"gap_over_spread": gap, "gap_fraction": fraction}, ours, f"mae_bits spread {fmt_bits(max(mae))}")
 
 
@@ -358,16 +351,15 @@ def seeds_agree(values: Values) -> bool:
 
 def key_orthogonality(results: Results) -> Measured:
     result = result_of(results, "bijection_transformer", "key_orthogonality")
-    measures = result["measures"]
+    measures = result.measures
     later = measures["normalized_output_keys_abs"]
-    layer0 = later["layers"][0]
-    best, chance = median_of(layer0["best_head"]), later["chance"]["expected_abs_cos"]
-    signed = measures["embedding_keys_all_tokens_signed"]["layers"][0]
+    best, chance = later.layers[0].best_head.median, later.chance.expected_abs_cos
+    signed = measures["embedding_keys_all_tokens_signed"].layers[0]
     ours = (
         f"best layer-0 head, output-token keys: mean |cos| {best:.2f} (chance {chance:.2f}); "
-        f"Paper-I signed mean over all tokens {median_of(signed['mean_over_heads']):+.2f}"
+        f"Paper-I signed mean over all tokens {signed.mean_over_heads.median:+.2f}"
     )
-    centered = median_of(measures["in_context_input_keys_centered"]["layers"][0]["best_head"])
+    centered = measures["in_context_input_keys_centered"].layers[0].best_head.median
     strict = f"in-context input keys, centered: best layer-0 head mean |cos| {centered:.2f}"
     return Measured({"best_head_abs_cos": best, "chance_abs_cos": chance}, ours, strict)
 
@@ -378,12 +370,11 @@ def below_half_chance(values: Values) -> bool:
 
 def qk_sharpening(results: Results) -> Measured:
     result = result_of(results, "bijection_transformer", "qk_sharpening")
-    layers = result["layers"]
-    lifts = [row["lift"]["evidence"] for row in layers]
-    entropies = [median_of(row["entropy_bits"]) for row in layers]
+    lifts = [row.lift["evidence"] for row in result.layers]
+    entropies = [row.entropy_bits.median for row in result.layers]
     ours = "evidence mass / uniform share by layer " + ", ".join(f"{x:.2f}" for x in lifts)
     ours += "; attention entropy " + " → ".join(f"{h:.2f}" for h in entropies) + " bits"
-    cosines = [median_of(row["mean_cos"]) for row in result["authors_query_key_cosine"]["layers"]]
+    cosines = [row.mean_cos.median for row in result.authors_query_key_cosine.layers]
     strict = "the authors' measure (mean cos of the query with earlier input keys) by layer " + ", ".join(
         f"{c:+.2f}" for c in cosines
     )
@@ -398,22 +389,22 @@ def sharpens_with_depth(values: Values) -> bool:
 
 def value_manifold(results: Results) -> Measured:
     result = result_of(results, "bijection_transformer", "value_manifold")
-    authors = result["measures"]["ln_final_value_positions_max_pearson"]
-    pc1, r = median_of(authors["pc1_variance"]), median_of(authors["correlation"]["value"])
-    ours = f"bijection, final-normed value positions: PC1 {pc1:.0%}, max |Pearson| {r:.2f} (PC{authors['correlation']['pc']})"
+    authors = result.measures["ln_final_value_positions_max_pearson"]
+    pc1, r = authors.pc1_variance.median, authors.correlation.value.median
+    ours = f"bijection, final-normed value positions: PC1 {pc1:.0%}, max |Pearson| {r:.2f} (PC{authors.correlation.pc})"
     parts = []
     for group in ("bijection_transformer", "hmm_transformer"):
         if has_result(results, group, "value_manifold"):
-            mine = results[group]["value_manifold"]["measures"]["resid_supervised_spearman_pc1"]
+            mine = results[group]["value_manifold"].measures["resid_supervised_spearman_pc1"]
             parts.append(
-                f"{group.split('_')[0]} residual at supervised positions: PC1 {median_of(mine['pc1_variance']):.0%}, "
-                f"|Spearman| {median_of(mine['correlation']['value']):.2f}"
+                f"{group.split('_')[0]} residual at supervised positions: PC1 {mine.pc1_variance.median:.0%}, "
+                f"|Spearman| {mine.correlation.value.median:.2f}"
             )
     if has_result(results, "hmm_transformer", "value_manifold"):
-        hmm = results["hmm_transformer"]["value_manifold"]["measures"]["ln_final_supervised_abs_pearson_pc1"]
+        hmm = results["hmm_transformer"]["value_manifold"].measures["ln_final_supervised_abs_pearson_pc1"]
         parts.append(
-            f"hmm, the authors' HMM measure (no threshold): PC1 {median_of(hmm['pc1_variance']):.0%}, "
-            f"|Pearson| {median_of(hmm['correlation']['value']):.2f}"
+            f"hmm, the authors' HMM measure (no threshold): PC1 {hmm.pc1_variance.median:.0%}, "
+            f"|Pearson| {hmm.correlation.value.median:.2f}"
         )
     return Measured({"pc1_variance": pc1, "correlation": r}, ours, "; ".join(parts))
 
@@ -425,15 +416,16 @@ def one_dimensional(values: Values) -> bool:
 def dissociation(results: Results) -> Measured:
     result = result_of(results, "bijection_transformer", "training_dynamics")
     metric = PAPER_METRIC["bijection"]
-    step, fraction = result["stabilization_step"], result["stabilization_fraction"]
+    step, fraction = result.stabilization_step, result.stabilization_fraction
     if step is None:
         return Measured({"fraction": None, "ratio": None}, "attention never settles within the threshold")
-    ratio = result["ratio_stabilization_to_final"][metric]
+    ratio = getattr(result.ratio_stabilization_to_final, metric)
     ours = (
         f"attention settles at step {step} ({fraction:.0%} of training); {metric} there "
-        f"{fmt_bits(result['at_stabilization'][metric])}, at the end {fmt_bits(result['final'][metric])} ({fmt_factor(ratio)} lower)"
+        f"{fmt_bits(getattr(result.at_stabilization, metric))}, at the end {fmt_bits(getattr(result.final, metric))} "
+        f"({fmt_factor(ratio)} lower)"
     )
-    strict = f"mae_bits {fmt_factor(result['ratio_stabilization_to_final']['mae_bits'])} lower"
+    strict = f"mae_bits {fmt_factor(result.ratio_stabilization_to_final.mae_bits)} lower"
     return Measured({"fraction": fraction, "ratio": ratio}, ours, strict)
 
 

@@ -1,7 +1,7 @@
 """Reading the analysis results a claim rests on, and writing its numbers as text.
 
 :mod:`windtunnel.report.claim_measures` builds each claim's measure on these: where a
-result is (``results[group][analysis]``, the paper's task variant first), one model's
+typed result is (``results[group][analysis]``, the paper's task variant first), one model's
 scores at a horizon (median over seeds, each seed's own value, their range), and the
 number formats of the claim table.
 """
@@ -13,13 +13,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from windtunnel.report.claim_types import VARIANT_GROUPS, MissingResult, Results, median_of
+from windtunnel.report.claim_types import VARIANT_GROUPS, MissingResult, Results
+from windtunnel.results import AnalysisResult
+from windtunnel.results.generalization import HorizonScores
 
-__all__ = ["HMM_TRANSFORMER_GROUPS", "ModelScores", "first_result", "fmt_bits", "fmt_factor", "fmt_times", "has_result", "model_scores", "models_on", "result_of", "safe_ratio", "seed_range_text", "variant_name", "variant_of"]
+__all__ = ["HMM_TRANSFORMER_GROUPS", "ModelScores", "first_result", "fmt_bits", "fmt_factor", "fmt_times", "has_result", "model_scores", "models_on", "result_of", "safe_ratio", "seed_range_text", "variant_of"]
 
 
 
-def result_of(results: Results, group: str, analysis: str) -> Mapping[str, Any]:
+def result_of(results: Results, group: str, analysis: str) -> Any:
+    """The typed result of ``analysis`` in ``group`` (a :class:`MissingResult` if absent)."""
     try:
         return results[group][analysis]
     except KeyError:
@@ -34,7 +37,7 @@ def has_result(results: Results, group: str, analysis: str) -> bool:
 HMM_TRANSFORMER_GROUPS = ("hmm_transformer_floor", "hmm_transformer")
 
 
-def first_result(results: Results, groups: Sequence[str], analysis: str) -> Mapping[str, Any]:
+def first_result(results: Results, groups: Sequence[str], analysis: str) -> Any:
     """``analysis`` of the first of ``groups`` that has it."""
     for group in groups:
         if has_result(results, group, analysis):
@@ -42,65 +45,47 @@ def first_result(results: Results, groups: Sequence[str], analysis: str) -> Mapp
     raise MissingResult(f"{'/'.join(groups)}: {analysis}")
 
 
-def variant_of(result: Mapping[str, Any]) -> str:
-    """`` (variant)`` of a saved result (the runner records the runs' tunnel), for the text."""
-    return f" ({variant_name(result['tunnel'])})" if "tunnel" in result else ""
-
-
-def variant_name(tunnel: Mapping[str, Any]) -> str:
-    """The task variant of a tunnel's parameters, in words (what a number belongs to)."""
-    if tunnel["name"] == "bijection":
-        return "with replacement" if tunnel.get("with_replacement") else "without replacement"
-    if tunnel["name"] == "hmm":
-        floor = tunnel.get("floor", 0.0)
-        words = [f"floor {floor:g}" if floor else "no floor", f"grid {tunnel['grid']:g}"]
-        # the rarer departures are named only where present, so the usual variants read as before
-        if tunnel.get("concentration", 1.0) != 1.0:
-            words.append(f"concentration {tunnel['concentration']:g}")
-        if tunnel.get("transition_concentration") is not None:
-            words.append(f"T concentration {tunnel['transition_concentration']:g}")
-        if tunnel.get("stickiness", 0.0):
-            words.append(f"stickiness {tunnel['stickiness']:g}")
-        return ", ".join(words)
-    return tunnel["name"]
+def variant_of(result: AnalysisResult) -> str:
+    """`` (variant)``: the task variant a saved result belongs to, in its tunnel's words ("" if it has none)."""
+    return f" ({result.task_variant})" if result.task_variant else ""
 
 
 @dataclass(frozen=True)
 class ModelScores:
-    """One model's scores on one task variant: ``horizons[str(h)][metric]``, prior rows."""
+    """One model's scores on one task variant: its rows by horizon, and the variant's words."""
 
-    horizons: Mapping[str, Any]
+    horizons: Mapping[int, HorizonScores]
     variant: str
     training_horizon: int
 
     def metric(self, horizon: int, metric: str) -> float:
-        """The median over seeds (:func:`~windtunnel.report.claim_types.median_of`)."""
-        return median_of(self.horizons[str(horizon)][metric])
+        """The median over seeds of ``metric`` (what a claim over seeds is decided on)."""
+        return getattr(self.horizons[horizon], metric).median
 
     def per_seed(self, horizon: int, metric: str) -> list[float]:
         """Each seed's own value, in seed order, where several seeds were trained; else []."""
-        runs = self.horizons[str(horizon)].get("per_run") or []
-        return [run[metric] for run in runs] if len(runs) > 1 else []
+        runs = self.horizons[horizon].per_run
+        return [getattr(run, metric) for run in runs] if len(runs) > 1 else []
 
     def seed_range(self, horizon: int, metric: str) -> tuple[float, float] | None:
-        """``(min, max)`` over seeds where there are several, else None."""
-        stats = self.horizons[str(horizon)][metric]
-        return (stats["min"], stats["max"]) if "min" in stats and stats["min"] != stats["max"] else None
+        """``(min, max)`` over seeds where they differ, else None."""
+        stats = getattr(self.horizons[horizon], metric)
+        return (stats.min, stats.max) if stats.min != stats.max else None
 
     def prior(self, horizon: int, metric: str) -> float:
-        return self.horizons[str(horizon)]["prior"][metric]
+        return getattr(self.horizons[horizon].prior, metric)
 
 
 def model_scores(results: Results, group: str, model: str) -> ModelScores:
     """``model``'s scores in comparison group ``group``: from its Table 1, or, where the group
     trained only that model, from its per-position analysis."""
     group_results = results.get(group, {})
-    if "model_comparison" in group_results and model in group_results["model_comparison"]["models"]:
-        table = group_results["model_comparison"]
-        return ModelScores(table["models"][model]["horizons"], variant_name(table["tunnel"]), table["training_horizon"])
-    if "length_generalization" in group_results and group_results["length_generalization"]["model"] == model:
-        single = group_results["length_generalization"]
-        return ModelScores(single["horizons"], variant_name(single["tunnel"]), single["training_horizon"])
+    table = group_results.get("model_comparison")
+    if table is not None and model in table.models:
+        return ModelScores(table.models[model].horizons, table.task_variant, table.training_horizon)
+    single = group_results.get("length_generalization")
+    if single is not None and single.model == model:
+        return ModelScores(single.horizons, single.task_variant, single.training_horizon)
     raise MissingResult(f"{group}: {model}")
 
 

@@ -10,11 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from windtunnel.results import AnalysisResult
+
 __all__ = [
-    "PAPER_METRIC", "VARIANT_GROUPS", "Claim", "Measured", "MissingResult", "Paper", "Results", "Values", "Verdict", "median_of",
+    "PAPER_METRIC", "VARIANT_GROUPS", "Claim", "Measured", "MissingResult", "Paper", "Results", "Values", "Verdict",
 ]
 
-Results = Mapping[str, Mapping[str, Mapping[str, Any]]]
+#: ``{group: {analysis: typed result}}``, as :func:`windtunnel.report.folder.load_results` reads a folder.
+Results = Mapping[str, Mapping[str, AnalysisResult]]
 Values = Mapping[str, Any]
 
 #: The metric the paper's numbers are in, by tunnel.
@@ -23,14 +26,6 @@ PAPER_METRIC = {"bijection": "mae_aggregate_bits", "hmm": "kl_bits"}
 #: Comparison groups of each tunnel, the paper's task variant first (see ``studies.GROUPS``):
 #: the authors sample bijection inputs with replacement, and floor every HMM entry at 0.05.
 VARIANT_GROUPS = {"bijection": ("bijection_with_replacement", "bijection"), "hmm": ("hmm_floor", "hmm")}
-
-
-def median_of(stats: Mapping[str, float]) -> float:
-    """What a claim over seeds is decided on: the median of a number summarized over runs
-    (``windtunnel.analysis.base.summarize``); results saved before medians were kept hold
-    only the mean, which is then used. One seed still on its plateau moves the mean, not the
-    median."""
-    return stats.get("median", stats["mean"])
 
 
 class MissingResult(LookupError):

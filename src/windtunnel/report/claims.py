@@ -14,10 +14,10 @@ for the bijection, and per-position KL(exact ‖ model) (``kl_bits``) for the HM
 authors' 7.5e-5 / 0.012 / 0.029 bits are KL (their ``eval_length_gen.py``). Our stricter
 or other measures stand beside it.
 
-Results are looked up as ``results[group][analysis]`` (the JSON of
-``DIR/analysis/<group>/<analysis>.json``). A claim whose analysis result is absent reads
-"n/a"; any other error inside a present result (a missing key, a wrong type) is a bug and
-is raised.
+Results are looked up as ``results[group][analysis]``: the typed result
+(:mod:`windtunnel.results`) read from ``DIR/analysis/<group>/<analysis>.json``, which a
+damaged file never becomes. A claim whose analysis result is absent reads "n/a"; any other
+error inside a present result is a bug and is raised.
 
 This module is the table of claims (:data:`CLAIMS`) and :func:`evaluate_claims`; what a
 claim is made of lives in :mod:`~windtunnel.report.claim_types`, and how each claim's
@@ -52,7 +52,6 @@ from windtunnel.report.claim_measures import (
     smooth_at_the_horizon,
     unique_layer0_head,
     value_manifold,
-    variant_name,
 )
 from windtunnel.report.claim_types import (
     PAPER_METRIC,
@@ -74,7 +73,6 @@ __all__ = [
     "Verdict",
     "evaluate_claims",
     "tally",
-    "variant_name",
 ]
 
 

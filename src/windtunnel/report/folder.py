@@ -14,9 +14,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Protocol
-from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE
+from windtunnel.results import RESULT_TYPES, AnalysisResult, ResultError
+from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, MANIFEST_FILE
 
 __all__ = [
     "Manifest",
@@ -25,6 +25,7 @@ __all__ = [
     "RunRecord",
     "SavedConfig",
     "SavedRun",
+    "SavedTraining",
     "load_results",
     "read_json",
 ]
@@ -173,19 +174,21 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class SavedTraining:
+    """What the report reads of a run's ``train`` section: its steps and batch size."""
+
+    steps: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
 class SavedConfig:
-    """A run's resolved config as its ``config.json`` saved it, each section a plain namespace,
-    so it reads as a ``RunConfig`` does where the report looks (``tunnel.name``, ``model_kind``,
-    ``train.steps``) without building one: that would need the tunnels and the models."""
+    """What the report reads of a run's resolved config, as its ``config.json`` saved it: the
+    model family and the training length (read where a ``RunConfig`` has them, without
+    building one: that would need the tunnels and the models)."""
 
-    tunnel: SimpleNamespace
-    model: SimpleNamespace
-    train: SimpleNamespace
-    eval: SimpleNamespace
-
-    @property
-    def model_kind(self) -> str:
-        return self.model.kind
+    model_kind: str
+    train: SavedTraining
 
     @classmethod
     def read(cls, run_dir: Path) -> SavedConfig:
@@ -196,19 +199,24 @@ class SavedConfig:
                               "(finish the reproduction with `windtunnel reproduce --resume`)")
         data = read_json(path)
         sections = {name: _field(data, name, dict, path) for name in ("tunnel", "model", "train", "eval")}
-        # The keys the runs table reads: checked here, so a damaged file is named, not a KeyError.
-        read = (("tunnel", "name", str), ("model", "kind", str), ("train", "steps", int), ("train", "batch_size", int))
-        for section, key, kind in read:
-            _field(sections[section], key, kind, path)
-        return cls(**{name: SimpleNamespace(**values) for name, values in sections.items()})
+        _field(sections["tunnel"], "name", str, path)
+        train = sections["train"]
+        return cls(
+            _field(sections["model"], "kind", str, path),
+            SavedTraining(_field(train, "steps", int, path), _field(train, "batch_size", int, path)),
+        )
 
 
 class RunRecord(Protocol):
-    """What the runs table reads of a run: its name, its directory (for ``metrics.jsonl``) and
-    its resolved config. A :class:`SavedRun` is one; so is a planned run (``jobs.TrainJob``)."""
+    """What the runs table reads of a run: its name, the preset it seeds, its directory (for
+    ``metrics.jsonl``) and its resolved config. A :class:`SavedRun` is one; so is a planned run
+    (``jobs.TrainJob``)."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def preset(self) -> str: ...
 
     @property
     def run_dir(self) -> Path: ...
@@ -224,26 +232,35 @@ class SavedRun:
         name: the run's name (``<preset>_seed<seed>``).
         run_dir: its run directory.
         config: its resolved config, as saved there.
+        preset: the preset it seeds.
     """
 
     name: str
     run_dir: Path
     config: SavedConfig
+    preset: str = ""
 
     @classmethod
     def read(cls, out: Path, run: ManifestRun) -> SavedRun:
         """The run the manifest of the reproduction in ``out`` lists as ``run``."""
         run_dir = Path(out) / run.run_dir
-        return cls(run.name, run_dir, SavedConfig.read(run_dir))
+        return cls(run.name, run_dir, SavedConfig.read(run_dir), run.preset)
 
     def resolved(self) -> SavedConfig:
         """Its resolved config (what a planned run's ``resolved()`` gives, read back from disk)."""
         return self.config
 
 
-def load_results(out: Path, folder: str = ANALYSIS_DIR) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{group: {analysis: result}}`` from ``out/<folder>/*/*.json``."""
-    results: dict[str, dict[str, dict[str, Any]]] = {}
+def load_results(out: Path, folder: str = ANALYSIS_DIR) -> dict[str, dict[str, AnalysisResult]]:
+    """``{group: {analysis: typed result}}`` from ``out/<folder>/*/*.json``; a file that does
+    not fit its analysis's result type is a :class:`ReportError` naming it and the bad value."""
+    results: dict[str, dict[str, AnalysisResult]] = {}
     for path in sorted((Path(out) / folder).glob("*/*.json")):
-        results.setdefault(path.parent.name, {})[path.stem] = read_json(path)
+        result_type = RESULT_TYPES.get(path.stem)
+        if result_type is None:
+            raise ReportError(f"{str(path)!r} is no analysis this windtunnel knows (one of: {', '.join(RESULT_TYPES)})")
+        try:
+            results.setdefault(path.parent.name, {})[path.stem] = result_type.from_json(read_json(path))
+        except ResultError as error:
+            raise ReportError(f"{str(path)!r} does not hold a {path.stem} result: {error}") from None
     return results

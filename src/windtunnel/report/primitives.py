@@ -18,12 +18,14 @@ distribution: a point mass on the wrong value has the right entropy at a stored 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from windtunnel.report.html import Figure, Section, Table
+from windtunnel.results import AnalysisResult, Summary
+from windtunnel.results.generalization import ModelComparison, RunScores
 
 __all__ = [
     "FAILS",
@@ -142,42 +144,35 @@ class PrimitiveCell:
         return ", ".join(f"{n} {plural[v] if n > 1 else v}" for v, n in counts.items())
 
 
-def _range(stats: dict[str, Any], per_run: list[dict[str, Any]], metric: str) -> tuple[tuple[float, float], str]:
+def _range(stats: Summary, per_run: Sequence[RunScores], metric: str) -> tuple[tuple[float, float], str]:
     if len(per_run) > 1:
-        return (stats["min"], stats["max"]), "seeds"
-    low, high = per_run[0][f"{metric}_ci"]
+        return (stats.min, stats.max), "seeds"
+    low, high = getattr(per_run[0], f"{metric}_ci")
     return (low, high), "95% bootstrap"
 
 
-def primitive_cells(comparison: dict[str, Any]) -> tuple[dict[str, float], list[PrimitiveCell]]:
+def primitive_cells(comparison: ModelComparison) -> tuple[dict[str, float], list[PrimitiveCell]]:
     """The prior row (``mae_bits``, ``kl_bits``) and one cell per architecture of a tunnel's
     saved ``model_comparison`` result, at its training horizon."""
-    horizon = str(comparison["training_horizon"])
-    models = comparison["models"]
-    first = next(iter(models.values()))["horizons"][horizon]
-    prior = {metric: first["prior"][metric] for metric in ("mae_bits", "kl_bits")}
+    horizon = comparison.training_horizon
+    models = comparison.models
+    first = next(iter(models.values())).horizons[horizon]
+    prior = {"mae_bits": first.prior.mae_bits, "kl_bits": first.prior.kl_bits}
     cells = []
     for name, model in models.items():
-        row = model["horizons"][horizon]
-        mae, kl = row["mae_bits"]["median"], row["kl_bits"]["median"]
-        mae_range, interval = _range(row["mae_bits"], row["per_run"], "mae_bits")
-        kl_range, _ = _range(row["kl_bits"], row["per_run"], "kl_bits")
+        row = model.horizons[horizon]
+        mae, kl = row.mae_bits.median, row.kl_bits.median
+        mae_range, interval = _range(row.mae_bits, row.per_run, "mae_bits")
+        kl_range, _ = _range(row.kl_bits, row.per_run, "kl_bits")
         closed = min(gap_closed(mae, prior["mae_bits"]), gap_closed(kl, prior["kl_bits"]))
         verdict = cell_verdict(mae, kl, prior["mae_bits"], prior["kl_bits"])
-        seeds = tuple(cell_verdict(run["mae_bits"], run["kl_bits"], prior["mae_bits"], prior["kl_bits"]) for run in row["per_run"])
+        seeds = tuple(cell_verdict(run.mae_bits, run.kl_bits, prior["mae_bits"], prior["kl_bits"]) for run in row.per_run)
         cells.append(
-            PrimitiveCell(name, model["n_runs"], model["n_parameters"], mae, kl, mae_range, kl_range, interval, closed, verdict, seeds)
+            PrimitiveCell(name, model.n_runs, model.n_parameters, mae, kl, mae_range, kl_range, interval, closed, verdict, seeds)
         )
     order = {name: i for i, name in enumerate(ARCHITECTURE_ORDER)}
     cells.sort(key=lambda cell: order.get(cell.architecture, len(order)))
     return prior, cells
-
-
-def _tunnel_label(tunnel: dict[str, Any]) -> str:
-    """A tunnel in a column header: its name and the parameters that size it."""
-    sizing = {"bijection": ("V",), "hmm": ("S", "M", "K"), "assoc_recall": ("n_pairs",)}.get(tunnel["name"], ())
-    params = ", ".join(f"{key} = {tunnel[key]}" for key in sizing if key in tunnel)
-    return f"{tunnel['name']} ({params})" if params else tunnel["name"]
 
 
 def _cell_text(cell: PrimitiveCell) -> str:
@@ -191,9 +186,9 @@ def _cell_text(cell: PrimitiveCell) -> str:
 
 
 def primitive_sections(
-    results: dict[str, dict[str, dict[str, Any]]],
+    results: Mapping[str, Mapping[str, AnalysisResult]],
     analysis_dir: Path,
-    at_init: dict[str, dict[str, dict[str, Any]]] | None = None,
+    at_init: Mapping[str, Mapping[str, AnalysisResult]] | None = None,
 ) -> list[Section]:
     """The report's sections for an architectures study: the verdict table (ours beside the
     paper's), the numbers per tunnel with intervals and parameter counts, and each tunnel's
@@ -204,10 +199,10 @@ def primitive_sections(
     tunnels = []  # (primitive, group, tunnel label, prior, cells)
     for group, analyses in results.items():
         comparison = analyses.get("model_comparison")
-        if comparison is None or comparison.get("primitive") not in PRIMITIVES:
+        if comparison is None or comparison.primitive not in PRIMITIVES:
             continue
         prior, cells = primitive_cells(comparison)
-        tunnels.append((comparison["primitive"], group, _tunnel_label(comparison["tunnel"]), prior, cells))
+        tunnels.append((comparison.primitive, group, comparison.tunnel_label, prior, cells))
     if not tunnels:
         return [Section("Primitives", "No tunnel of this reproduction declares an inference primitive: nothing to tabulate.")]
     tunnels.sort(key=lambda t: (PRIMITIVES.index(t[0]), t[1]))

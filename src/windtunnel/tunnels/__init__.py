@@ -61,7 +61,7 @@ def register_tunnel(cls: type) -> type:
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"{cls.__name__} is not a dataclass: a tunnel's parameters are its dataclass fields")
     missing = [m for m in ("vocab_size", "num_classes", "horizon", "check_horizon", "seq_len", "prior_predictive",
-                           "sample_bytes", "sample") if not hasattr(cls, m)]
+                           "sample_bytes", "sample", "describe", "label") if not hasattr(cls, m)]
     if missing:
         raise ValueError(f"{cls.__name__} does not keep the Tunnel contract: it lacks {', '.join(missing)}")
     if name in TUNNELS:

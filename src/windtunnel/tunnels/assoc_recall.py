@@ -31,7 +31,7 @@ from torch import Tensor
 
 from windtunnel.config import ConfigError, check_field_types
 from windtunnel.metrics import entropy_bits
-from windtunnel.tunnels.base import Episode, one_hot
+from windtunnel.tunnels.base import Episode, label_with, one_hot
 from windtunnel.tunnels.random import random_permutations
 
 __all__ = ["AssocRecallEpisode", "AssocRecallTunnel"]
@@ -106,6 +106,12 @@ class AssocRecallTunnel:
         if self.n_filler < 0:
             raise ConfigError(f"n_filler={self.n_filler} is out of range: need n_filler >= 0")
         self.check_horizon(self.n_queries, name="n_queries")
+
+    def describe(self) -> str:
+        return self.name
+
+    def label(self) -> str:
+        return label_with(self, ("n_pairs",))
 
     def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
         """Raise :class:`ConfigError` unless ``horizon`` queries can be asked."""

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Episode", "Tunnel", "one_hot", "primitive_of"]
+__all__ = ["Episode", "Tunnel", "label_with", "one_hot", "primitive_of"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,21 @@ class Tunnel(Protocol):
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> Episode:
         """Draw ``batch_size`` fresh hypotheses and one sequence from each."""
+
+    def describe(self) -> str:
+        """The task variant in words (``"with replacement"``, ``"floor 0.05, grid 0.01"``):
+        what a number measured on it belongs to. Saved with every analysis, so the report
+        names the variant without knowing the tunnel."""
+
+    def label(self) -> str:
+        """The tunnel's name with the parameters that size it (``"hmm (S = 5, M = 5, K = 20)"``;
+        :func:`label_with`), for a column header."""
+
+
+def label_with(tunnel: object, sizing: tuple[str, ...]) -> str:
+    """``"<name> (<p> = <value>, ...)"`` for the parameters ``sizing`` of ``tunnel``."""
+    params = ", ".join(f"{key} = {getattr(tunnel, key)}" for key in sizing)
+    return f"{tunnel.name} ({params})" if params else tunnel.name
 
 
 def primitive_of(tunnel: object) -> str | None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from windtunnel.config import ConfigError, check_field_types
-from windtunnel.tunnels.base import Episode, one_hot
+from windtunnel.tunnels.base import Episode, label_with, one_hot
 from windtunnel.tunnels.random import random_permutations
 
 __all__ = ["BijectionEpisode", "BijectionTunnel"]
@@ -105,6 +105,12 @@ class BijectionTunnel:
         if self.L is None:
             object.__setattr__(self, "L", self.V - 1)
         self.check_horizon(self.L, name="L")
+
+    def describe(self) -> str:
+        return "with replacement" if self.with_replacement else "without replacement"
+
+    def label(self) -> str:
+        return label_with(self, ("V",))
 
     def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
         """Raise :class:`ConfigError` unless ``horizon`` pairs can be shown."""

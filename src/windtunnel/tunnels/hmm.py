@@ -33,7 +33,7 @@ from torch import Tensor
 
 from windtunnel.config import ConfigError, check_field_types
 from windtunnel.metrics import entropy_bits
-from windtunnel.tunnels.base import Episode
+from windtunnel.tunnels.base import Episode, label_with
 from windtunnel.tunnels.filtering import forward_filter
 from windtunnel.tunnels.quantize import quantize_rows, round_rows_with_floor
 from windtunnel.tunnels.random import dirichlet
@@ -159,6 +159,20 @@ class HMMTunnel:
                     f"initial={list(p)} is not a distribution over S={self.S} states: need {self.S} non-negative "
                     "numbers summing to 1 (or leave it unset for uniform)"
                 )
+
+    def describe(self) -> str:
+        words = [f"floor {self.floor:g}" if self.floor else "no floor", f"grid {self.grid:g}"]
+        # the rarer departures are named only where present, so the usual variants read short
+        if self.concentration != 1.0:
+            words.append(f"concentration {self.concentration:g}")
+        if self.transition_concentration is not None:
+            words.append(f"T concentration {self.transition_concentration:g}")
+        if self.stickiness:
+            words.append(f"stickiness {self.stickiness:g}")
+        return ", ".join(words)
+
+    def label(self) -> str:
+        return label_with(self, ("S", "M", "K"))
 
     def check_horizon(self, horizon: int, *, name: str = "horizon") -> None:
         """Raise :class:`ConfigError` unless ``horizon`` is a valid number of observations."""
