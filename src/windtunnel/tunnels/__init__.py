@@ -20,6 +20,7 @@ from windtunnel.tunnels.base import Episode, Tunnel
 from windtunnel.tunnels.bijection import BijectionEpisode, BijectionTunnel
 from windtunnel.tunnels.capabilities import lacks
 from windtunnel.tunnels.hmm import HMMEpisode, HMMTunnel, decode_header, forward_filter
+from windtunnel.tunnels.markov import DirichletTunnel, MarkovEpisode, MarkovTunnel
 
 __all__ = [
     "TUNNELS",
@@ -27,9 +28,12 @@ __all__ = [
     "AssocRecallTunnel",
     "BijectionEpisode",
     "BijectionTunnel",
+    "DirichletTunnel",
     "Episode",
     "HMMEpisode",
     "HMMTunnel",
+    "MarkovEpisode",
+    "MarkovTunnel",
     "Tunnel",
     "decode_header",
     "forward_filter",
@@ -78,7 +82,7 @@ def unregister_tunnel(name: str) -> None:
 
 
 #: The tunnels this package ships.
-BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel)
+BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel, DirichletTunnel, MarkovTunnel)
 for _cls in BUILT_IN:
     register_tunnel(_cls)
 
