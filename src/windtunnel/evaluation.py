@@ -33,12 +33,14 @@ from windtunnel.metrics import entropy_bits, kl_bits
 from windtunnel.memory import check_fits
 from windtunnel.models import Trace
 from windtunnel.tunnels import Episode, Tunnel
+from windtunnel.tunnels.capabilities import KnownParameters, declares
 
 __all__ = [
     "EvalSet",
     "Predictor",
     "bootstrap_weights",
     "evaluate",
+    "loss_gap_bits",
     "model_predictor",
     "oracle_predictor",
     "percentile_interval",
@@ -201,14 +203,35 @@ def evaluate(
         ``score(...)`` of the predictor, plus ``oracle`` and ``prior`` sub-results (scalars only).
     """
     episodes = eval_set.episodes
-    result = score([predictor(e) for e in episodes], episodes, bootstrap=bootstrap, seed=seed)
+    predictions = [predictor(e) for e in episodes]
+    result = score(predictions, episodes, bootstrap=bootstrap, seed=seed)
+    known = tunnel is not None and declares(tunnel, KnownParameters)
+    if known:
+        result["loss_gap_bits"] = loss_gap_bits(predictions, episodes, tunnel)
     if references:
         if tunnel is None:
             raise ValueError("evaluate(references=True) needs the tunnel for the prior row")
         for name, reference in (("oracle", oracle_predictor), ("prior", prior_predictor(tunnel))):
-            scored = score([reference(e) for e in episodes], episodes, bootstrap=bootstrap, seed=seed)
+            referenced = [reference(e) for e in episodes]
+            scored = score(referenced, episodes, bootstrap=bootstrap, seed=seed)
             result[name] = {k: v for k, v in scored.items() if k != "curves"}
+            if known:
+                result[name]["loss_gap_bits"] = loss_gap_bits(referenced, episodes, tunnel)
     return result
+
+
+def loss_gap_bits(predictions: Sequence[Tensor], episodes: Sequence[Episode], tunnel: Any) -> float:
+    """Mean over sequences and positions of the log-loss of ``predictions`` on the targets drawn
+    minus that of the oracle that knows each sequence's parameters
+    (:class:`~windtunnel.tunnels.capabilities.KnownParameters`), in bits: the loss gap the
+    literature reports (Bondaschi et al., arXiv 2502.10178). The exact posterior's own gap is
+    the price of not knowing the parameters; a model's is that plus its distance from it."""
+    gaps = []
+    for p, e in zip(predictions, episodes):
+        targets = e.targets.to(p.device)[..., None]
+        known = tunnel.parameter_predictive(e).to(p.device)
+        gaps.append((known.gather(-1, targets).log2() - p.gather(-1, targets).log2()).squeeze(-1))
+    return _to_host(gaps).mean().item()
 
 
 def _to_host(per_batch: Sequence[Tensor]) -> Tensor:

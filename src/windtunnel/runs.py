@@ -213,6 +213,11 @@ def format_table(result: dict[str, Any]) -> str:
                 ci = values.get(f"{metric}_ci")
                 cells.append(f"{values[metric]:.5f}" + (f" [{ci[0]:.5f}, {ci[1]:.5f}]" if ci else ""))
             lines.append(f"{h:>7} {row:<8} " + " ".join(f"{c:>26}" for c in cells))
+        if "loss_gap_bits" in scores:  # a tunnel whose hidden parameters give a predictive of their own
+            lines.append(
+                f"{h:>7} loss gap over the oracle that knows the parameters, bits: model {scores['loss_gap_bits']:.5f}, "
+                f"exact posterior {scores['oracle']['loss_gap_bits']:.5f}, prior {scores['prior']['loss_gap_bits']:.5f}"
+            )
         if "relabel" in scores:
             r = scores["relabel"]
             lines.append(

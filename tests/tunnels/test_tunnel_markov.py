@@ -121,7 +121,7 @@ def test_a_model_trains_on_a_chain_and_the_analyses_that_apply_run(tmp_path):
     from windtunnel.analysis.runner import analyze
     from windtunnel.results import RESULT_TYPES
     from windtunnel.run_config import run_config_from_mapping
-    from windtunnel.runs import evaluate_run
+    from windtunnel.runs import evaluate_run, format_table
     from windtunnel.training.trainer import train
 
     config = run_config_from_mapping({
@@ -131,7 +131,10 @@ def test_a_model_trains_on_a_chain_and_the_analyses_that_apply_run(tmp_path):
         "eval": {"n": 256, "batch_size": 128, "bootstrap": 20, "horizons": [16]},
     })
     train(config, tmp_path / "run", progress=False)
-    scores = evaluate_run(tmp_path / "run")["horizons"]["16"]
+    evaluated = evaluate_run(tmp_path / "run")
+    scores = evaluated["horizons"]["16"]
+    gaps = scores["loss_gap_bits"], scores["oracle"]["loss_gap_bits"], scores["prior"]["loss_gap_bits"]
+    assert gaps[1] <= gaps[0] < gaps[2] and f"model {gaps[0]:.5f}, exact posterior {gaps[1]:.5f}" in format_table(evaluated)
     # 150 steps beat the uniform prior (which ignores the counts), and the oracle row is exact
     assert scores["kl_bits"] < scores["prior"]["kl_bits"] and scores["oracle"]["kl_bits"] == pytest.approx(0.0, abs=1e-12)
     lines: list[str] = []
@@ -141,3 +144,27 @@ def test_a_model_trains_on_a_chain_and_the_analyses_that_apply_run(tmp_path):
     assert "does not declare AttentionCategories" in skipped["qk_sharpening"]
     for name, path in written.items():  # each saved result reads back as its type, naming the task variant
         assert RESULT_TYPES[name].from_json(json.loads(path.read_text())).task_variant == "order 1, beta 1"
+
+
+def test_the_loss_gap_is_against_the_oracle_that_knows_the_rows():
+    from windtunnel.evaluation import EvalSet, evaluate, prior_predictor
+
+    tunnel = MarkovTunnel(V=3, k=2, beta=0.5, L=12)
+    eval_set = EvalSet.draw(tunnel, horizon=12, n=64, batch_size=32, seed=3)
+    scores = evaluate(prior_predictor(tunnel), eval_set, tunnel=tunnel)
+    # By hand: the uniform prior's log-loss is log2 V at every position; the rows' is that of
+    # the true row of each symbol's context (uniform for the first k), read in Python loops.
+    gaps = []
+    for e in eval_set.episodes:
+        for b in range(e.batch_size):
+            x = e.symbols[b].tolist()
+            for i, v in enumerate(x):
+                p_true = 1 / 3 if i < 2 else e.rows[b, x[i - 2] * 3 + x[i - 1], v].item()
+                gaps.append(math.log2(p_true) + math.log2(3))
+    assert scores["loss_gap_bits"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-12)  # 768 float64 logs
+    assert scores["prior"]["loss_gap_bits"] == scores["loss_gap_bits"]
+    # The exact posterior pays for not knowing the rows: a positive gap, below the prior's.
+    assert 0 < scores["oracle"]["loss_gap_bits"] < scores["loss_gap_bits"]
+    # A tunnel that knows no parameters has no gap to report.
+    assert "loss_gap_bits" not in evaluate(prior_predictor(make_tunnel("bijection")), EvalSet.draw(
+        make_tunnel("bijection"), horizon=19, n=8, batch_size=8, seed=0), tunnel=make_tunnel("bijection"))

@@ -30,6 +30,7 @@ __all__ = [
     "CAPABILITIES",
     "ClosedFormEntropy",
     "HypothesisTokens",
+    "KnownParameters",
     "Relabeling",
     "SymbolTokens",
     "ValuePositions",
@@ -105,6 +106,17 @@ class ValuePositions(Protocol):
         ``episode.positions`` of the supervised position each answers."""
 
 
+@runtime_checkable
+class KnownParameters(Protocol):
+    """The predictive of an oracle that knows each sequence's hidden parameters (a Markov
+    chain's true rows), not only the prior over them: the reference of the loss gap the
+    in-context learning literature reports (the model's log-loss over that oracle's)."""
+
+    def parameter_predictive(self, episode: Episode) -> Tensor:
+        """``[B, P, C]`` float64: the next class's distribution given the episode's own
+        parameters and the tokens before each supervised position."""
+
+
 #: Every capability: what it says of a task, and the members a tunnel defines to declare it.
 CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     SymbolTokens: ("which tokens are its symbols", ("symbol_tokens",)),
@@ -113,6 +125,7 @@ CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     Relabeling: ("hidden-state labels that can be permuted", ("n_labels", "relabel")),
     ClosedFormEntropy: ("a closed-form exact entropy curve", ("closed_form_entropy_bits",)),
     ValuePositions: ("where each answer is shown", ("value_positions",)),
+    KnownParameters: ("the predictive given its hidden parameters", ("parameter_predictive",)),
 }
 
 

@@ -193,6 +193,14 @@ class _Laplace:
         """The symbol tokens ``0..V-1``."""
         return list(range(self.V)), [f"x={v}" for v in range(self.V)]
 
+    def parameter_predictive(self, episode: MarkovEpisode) -> Tensor:
+        """``[B, L, V]`` the true row of each symbol's context (uniform for the first ``k``)."""
+        k = self._order
+        contexts = context_ids(episode.symbols, self.V, k)  # [B, L]
+        rows = episode.rows.gather(1, contexts[..., None].expand(-1, -1, self.V))  # [B, L, V]
+        rows[:, :k] = 1.0 / self.V
+        return rows
+
 
 @dataclass(frozen=True)
 class MarkovTunnel(_Laplace):
