@@ -127,14 +127,8 @@ class _Laplace:
 
     V: int
     L: int
-
-    @property
-    def _order(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def _concentration(self) -> float:
-        raise NotImplementedError
+    _order: int  # defined by each subclass: k, or 0
+    _concentration: float  # defined by each subclass: beta, or alpha
 
     def _check(self, concentration_name: str) -> None:
         check_field_types(self)
