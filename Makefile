@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny architectures test bench mutate install install-test clean
+.PHONY: run tiny architectures future-work test bench mutate install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ tiny: install
 # on the bijection, the HMM and associative recall at two sizes, into reproduction-architectures/.
 architectures: install
 	$(BIN)/windtunnel reproduce --scale cpu --only architectures --out reproduction-architectures --resume
+
+# The same four architectures on the tunnels of the paper's future work (docs/reproducing.md, the future-work
+# study): Laplace accumulation (dirichlet, markov) and Gaussian filtering (kalman), into reproduction-future-work/.
+future-work: install
+	$(BIN)/windtunnel reproduce --scale cpu --only future_work --out reproduction-future-work --resume
 
 # Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
 test: install-test

@@ -142,8 +142,9 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         default="claims",
         metavar="STUDY",
-        help="claims (default: the paper's claims) or architectures (transformer, Mamba, LSTM and MLP on every "
-        "inference primitive; scales tiny and cpu)",
+        help="claims (default: the paper's claims), architectures (transformer, Mamba, LSTM and MLP on every "
+        "inference primitive; scales tiny and cpu) or future_work (the same four on the Laplace and Kalman tunnels; "
+        "scales tiny and cpu)",
     )
     reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
     reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")

@@ -32,6 +32,7 @@ from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.trainer import train
 from windtunnel.tunnels import make_tunnel
+from windtunnel.tunnels.capabilities import value_dim_of
 
 #: ``sample`` draws and prints this many sequences at a time, so memory stays bounded for any
 #: --n (so ``--n 1000`` begins with the sequences of ``--n 256``).
@@ -56,7 +57,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     tunnel = config.tunnel
     shape = dict(vocab_size=tunnel.vocab_size, num_classes=tunnel.num_classes, max_len=config.max_len)
     with torch.device("meta"):  # counts need shapes, not memory
-        model = build_model(config.model_kind, config.model, **shape)
+        model = build_model(config.model_kind, config.model, **shape, value_dim=value_dim_of(tunnel))
         # the family's own lines (the MLP control's sizing builds a transformer to count it)
         family_info = model_class(config.model_kind).sizing_info(config.model, **shape)
     result: dict[str, Any] = {"config": args.config, "kind": config.model_kind, **shape}
@@ -215,12 +216,16 @@ def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:
         for label in ("T", "E"):
             lines.append(f"{label} (decoded from the header):")
             lines += ["  " + " ".join(f"{p:.2f}" for p in row) for row in record[label]]
+    if "system" in record:
+        lines.append(f"system: {record['system']} of the bank")
     lines.append(f"tokens: {' '.join(map(str, record['tokens']))}")
-    lines.append(f"{'step':>4} {'pos':>4} {'token':>5} {'target':>6} {'H_bits':>7}  posterior")
+    values = record.get("value_inputs")  # a tunnel whose observations are read as values: show them beside the token
+    lines.append(f"{'step':>4} {'pos':>4} {'token':>5} {'value' if values else '':>9} {'target':>6} {'H_bits':>7}  posterior")
     for step, (pos, target, h, post) in enumerate(
         zip(record["positions"], record["targets"], record["entropy_bits"], record["posterior"])
     ):
-        lines.append(f"{step + 1:>4} {pos:>4} {record['tokens'][pos]:>5} {target:>6} {h:>7.4f}  {_describe(post)}")
+        value = " ".join(f"{v:+.4f}" for v in values[pos]) if values else ""
+        lines.append(f"{step + 1:>4} {pos:>4} {record['tokens'][pos]:>5} {value:>9} {target:>6} {h:>7.4f}  {_describe(post)}")
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,7 @@ import torch
 
 from windtunnel.models import build_model, model_class
 from windtunnel.tunnels import Episode
+from windtunnel.tunnels.capabilities import value_dim_of
 
 __all__ = ["ContractError", "check_draws_on_generator_device", "check_model_family", "check_tunnel"]
 
@@ -102,6 +103,14 @@ def check_tunnel(tunnel: Any, *, batch_size: int = 16, seed: int = 0) -> None:
              f"posterior must be float64 [{batch_size}, {n_positions}, {classes}], got {posterior.dtype} {list(posterior.shape)}")
     _require(entropy.dtype == torch.float64 and tuple(entropy.shape) == (batch_size, n_positions), who,
              f"entropy_bits must be float64 [{batch_size}, {n_positions}]")
+    value_dim, value_inputs = value_dim_of(tunnel), episode.value_inputs
+    _require((value_inputs is None) == (value_dim == 0), who,
+             "value_inputs must be given exactly when the tunnel declares ValueInputs (value_dim)")
+    if value_inputs is not None:
+        _require(value_inputs.dtype == torch.float64 and tuple(value_inputs.shape) == (batch_size, length, value_dim), who,
+                 f"value_inputs must be float64 [{batch_size}, {length}, value_dim={value_dim}]")
+        _require(bool(torch.isfinite(value_inputs).all()) and torch.equal(value_inputs.float().double(), value_inputs), who,
+                 "value_inputs must be finite float32 values (the model reads float32: the posterior must condition on those)")
 
     # Normalization, computed here from the probabilities alone.
     _require(bool((posterior >= 0).all()) and bool(torch.isfinite(posterior).all()), who, "posterior has a negative or non-finite entry")

@@ -33,7 +33,7 @@ from windtunnel.metrics import entropy_bits, kl_bits
 from windtunnel.memory import check_fits
 from windtunnel.models import Trace
 from windtunnel.tunnels import Episode, Tunnel
-from windtunnel.tunnels.capabilities import KnownParameters, declares
+from windtunnel.tunnels.capabilities import KnownParameters, PositionWiseFloor, declares
 
 __all__ = [
     "EvalSet",
@@ -100,7 +100,8 @@ def model_predictor(
         model.eval()
         trace = Trace((), **interventions) if interventions else None
         try:
-            logits = model(episode.tokens.to(where), trace=trace, at=episode.positions.to(where))  # [B, P, C]
+            values = {} if episode.value_inputs is None else {"values": episode.value_inputs.to(where)}
+            logits = model(episode.tokens.to(where), trace=trace, at=episode.positions.to(where), **values)  # [B, P, C]
         finally:
             model.train(was_training)
         return torch.softmax(logits.double(), dim=-1)
@@ -197,10 +198,12 @@ def evaluate(
     seed: int = 0,
     references: bool = True,
 ) -> dict[str, Any]:
-    """Score ``predictor`` on ``eval_set``; with ``references`` also the ``oracle`` and ``prior`` rows.
+    """Score ``predictor`` on ``eval_set``; with ``references`` also the ``oracle`` and ``prior`` rows,
+    and the ``position_wise`` row where the tunnel declares
+    :class:`~windtunnel.tunnels.capabilities.PositionWiseFloor`.
 
     Returns:
-        ``score(...)`` of the predictor, plus ``oracle`` and ``prior`` sub-results (scalars only).
+        ``score(...)`` of the predictor, plus those sub-results (scalars only).
     """
     episodes = eval_set.episodes
     predictions = [predictor(e) for e in episodes]
@@ -211,7 +214,10 @@ def evaluate(
     if references:
         if tunnel is None:
             raise ValueError("evaluate(references=True) needs the tunnel for the prior row")
-        for name, reference in (("oracle", oracle_predictor), ("prior", prior_predictor(tunnel))):
+        references_of = [("oracle", oracle_predictor), ("prior", prior_predictor(tunnel))]
+        if declares(tunnel, PositionWiseFloor):  # what a model that mixes no positions can reach
+            references_of.append(("position_wise", tunnel.position_wise_predictive))
+        for name, reference in references_of:
             referenced = [reference(e) for e in episodes]
             scored = score(referenced, episodes, bootstrap=bootstrap, seed=seed)
             result[name] = {k: v for k, v in scored.items() if k != "curves"}

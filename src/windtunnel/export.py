@@ -230,6 +230,9 @@ def _as_transformer(model: nn.Module) -> Transformer:
     model = unwrap_model(model)
     if not isinstance(model, Transformer):
         raise _not_a_transformer(getattr(model, "kind", type(model).__name__))
+    if model.value_read_in is not None:
+        raise ExportError("the model reads values beside its tokens (its tunnel's observations are values): "
+                          "a HookedTransformer embeds token ids only")
     return model
 
 

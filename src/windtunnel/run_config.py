@@ -39,6 +39,7 @@ from torch import nn
 from windtunnel.config import ConfigError, apply_overrides, check_field_types, from_mapping, to_mapping
 from windtunnel.models import MODELS, ModelConfig, build_model, model_class
 from windtunnel.tunnels import Tunnel, tunnel_class
+from windtunnel.tunnels.capabilities import value_dim_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -427,4 +428,5 @@ def build_run_model(config: RunConfig) -> nn.Module:
         num_classes=tunnel.num_classes,
         max_len=config.max_len,
         generator=torch.Generator().manual_seed(config.train.seed),
+        value_dim=value_dim_of(tunnel),
     )

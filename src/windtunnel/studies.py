@@ -9,7 +9,10 @@ them, at the scales it offers:
   paper is listed in the report) and ``paper`` (the ``configs/paper`` presets, the paper's
   protocol and seeds; expects a GPU);
 - ``architectures``: transformer, Mamba, LSTM and MLP on the tunnel of each inference
-  primitive (:data:`ARCHITECTURE_PRESETS`, :data:`ARCHITECTURE_SCALES`).
+  primitive (:data:`ARCHITECTURE_PRESETS`, :data:`ARCHITECTURE_SCALES`);
+- ``future_work``: the same four on the tunnels of the paper's future work, Laplace
+  accumulation (``dirichlet``, ``markov``) and Gaussian filtering (``kalman``)
+  (:data:`FUTURE_WORK_PRESETS`, :data:`FUTURE_WORK_SCALES`).
 
 A :class:`Scale` says where a study's presets live (``configs/<scale>/``), the seeds of each,
 the overrides that shrink them, what each run is expected to take and what the scale cuts.
@@ -24,8 +27,9 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = [
-    "ARCHITECTURES", "ARCHITECTURE_PRESETS", "ARCHITECTURE_SCALES", "GROUPS", "HISTORY_ANALYSES", "PRESETS",
-    "PRESET_NAMES", "PRIMITIVE_TUNNELS", "SCALES", "STUDIES", "AnalysisGroup", "Preset", "Scale", "Study", "configs_folder",
+    "ARCHITECTURES", "ARCHITECTURE_PRESETS", "ARCHITECTURE_SCALES", "FUTURE_WORK_PRESETS", "FUTURE_WORK_SCALES",
+    "FUTURE_WORK_TUNNELS", "GROUPS", "HISTORY_ANALYSES", "PRESETS",
+    "PRESET_NAMES", "PRIMITIVE_STUDIES", "PRIMITIVE_TUNNELS", "SCALES", "STUDIES", "AnalysisGroup", "Preset", "Scale", "Study", "configs_folder",
 ]
 
 @dataclass(frozen=True)
@@ -370,6 +374,62 @@ ARCHITECTURE_SCALES: dict[str, Scale] = {
 }
 
 
+#: The future-work study's tunnels (``windtunnel reproduce --only future_work``): what the paper
+#: names as future work, with exact posteriors beyond its three primitives. Laplace accumulation
+#: at order 0 (i.i.d. symbols) and order 1 (a Markov chain), and Gaussian filtering.
+FUTURE_WORK_TUNNELS = ("dirichlet", "markov", "kalman")
+FUTURE_WORK_PRESETS = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in FUTURE_WORK_TUNNELS for a in ARCHITECTURES)
+FUTURE_WORK_GROUPS = tuple(
+    AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in FUTURE_WORK_TUNNELS
+)
+#: Seeds at the CPU scale, as in the architectures study: three, and one for Mamba.
+CPU_FUTURE_WORK_SEEDS = {f"{t}_{a}": 3 for t in FUTURE_WORK_TUNNELS for a in ARCHITECTURES if a != "mamba"}
+#: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing):
+#: measured on an AMD EPYC (Zen 4), the three Mamba runs sharing the cores with a test run.
+CPU_FUTURE_WORK_EXPECTED_S = {
+    "dirichlet_transformer": 72.0, "markov_transformer": 155.0, "kalman_transformer": 120.0,
+    "dirichlet_mamba": 750.0, "markov_mamba": 1510.0, "kalman_mamba": 710.0,
+    "dirichlet_lstm": 51.0, "markov_lstm": 97.0, "kalman_lstm": 102.0,
+    "dirichlet_mlp": 52.0, "markov_mlp": 97.0, "kalman_mlp": 98.0,
+}
+CPU_FUTURE_WORK_HARDWARE = "2 CPU cores: about 50 minutes on an AVX-512 AMD EPYC (Zen 4)"
+CPU_FUTURE_WORK_CUTS = (
+    "Models of about 60k parameters (transformers of 2 layers, d_model 48, 4 heads), each control matched to the "
+    "transformer within 1%; 3,000 steps of batch 64 with warm-up and cosine decay, soft targets, for every "
+    "architecture of a tunnel alike.",
+    "Small tunnels: Dirichlet symbols over V = 5 (32 per sequence); an order-1 chain over V = 3 (64 symbols; "
+    "Bondaschi et al. train binary chains of order 1-3 with far larger budgets); a Kalman bank of 4 systems of state "
+    "dimension 2, 32 observations, the predictive on 32 buckets.",
+    "Mamba with d_state 4 (the published 16), as in the architectures study, and one seed of it: its interval is "
+    "its 95% bootstrap interval over 2,048 held-out sequences, not a spread over seeds.",
+)
+
+FUTURE_WORK_SCALES: dict[str, Scale] = {
+    "tiny": Scale(
+        name="tiny",
+        configs="primitives",
+        seeds={},
+        overrides={"*": _TINY_PRIMITIVES_TRAIN},
+        parallel=2,
+        expected_s={"dirichlet": 5.0, "markov": 8.0, "kalman": 6.0},
+        hardware="any machine; about a minute on 2 CPU cores",
+        cuts=ARCHITECTURE_SCALES["tiny"].cuts,
+        meaning=("Tiny scale is a smoke test of the pipeline, not a result: its models train for 60 steps, so its "
+                 "verdicts mean nothing. The table is judged at cpu scale (`make future-work`)."),
+    ),
+    "cpu": Scale(
+        name="cpu",
+        configs="primitives",
+        seeds=CPU_FUTURE_WORK_SEEDS,
+        overrides={},
+        parallel=2,
+        expected_s=CPU_FUTURE_WORK_EXPECTED_S,
+        hardware=CPU_FUTURE_WORK_HARDWARE,
+        cuts=CPU_FUTURE_WORK_CUTS,
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Study:
     """What a reproduction trains and analyzes (``windtunnel reproduce --only NAME``), at
@@ -388,7 +448,13 @@ STUDIES = {
         "architectures", ARCHITECTURE_PRESETS, ARCHITECTURE_GROUPS, ARCHITECTURE_SCALES,
         why_not="its paper-scale presets (associative recall at the paper's size) are not written yet",
     ),
+    "future_work": Study(
+        "future_work", FUTURE_WORK_PRESETS, FUTURE_WORK_GROUPS, FUTURE_WORK_SCALES,
+        why_not="the paper gives no scale for these tunnels: its presets are CPU-sized only",
+    ),
 }
+#: The studies whose report is the architecture-by-primitive table.
+PRIMITIVE_STUDIES = ("architectures", "future_work")
 
 
 #: Analyses that read a run's training history rather than its weights: not run at initialization.

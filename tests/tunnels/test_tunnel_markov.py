@@ -168,3 +168,30 @@ def test_the_loss_gap_is_against_the_oracle_that_knows_the_rows():
     # A tunnel that knows no parameters has no gap to report.
     assert "loss_gap_bits" not in evaluate(prior_predictor(make_tunnel("bijection")), EvalSet.draw(
         make_tunnel("bijection"), horizon=19, n=8, batch_size=8, seed=0), tunnel=make_tunnel("bijection"))
+
+
+def test_the_dirichlet_position_wise_floor_is_the_pair_probability_over_the_single():
+    from scipy.special import gammaln
+
+    tunnel = DirichletTunnel(V=4, alpha=0.7, L=6)
+    episode = tunnel.sample(3, generator=torch.Generator().manual_seed(2))
+    floor = tunnel.position_wise_predictive(episode)
+    V, a = 4, 0.7
+
+    def log_probability(counts):  # the Dirichlet-multinomial probability of one ordered sequence
+        return gammaln(V * a) - gammaln(V * a + sum(counts)) + sum(gammaln(a + n) - gammaln(a) for n in counts)
+
+    for b in range(3):
+        assert floor[b, 0].tolist() == pytest.approx([1 / V] * V, abs=1e-15)  # BOS: nothing read
+        for t in range(1, 6):
+            s = int(episode.tokens[b, t])
+            single = [1 if u == s else 0 for u in range(V)]
+            pair = [[single[u] + (u == v) for u in range(V)] for v in range(V)]
+            expected = [math.exp(log_probability(pair[v]) - log_probability(single)) for v in range(V)]
+            assert floor[b, t].tolist() == pytest.approx(expected, abs=1e-13)  # gammaln rounding
+
+
+def test_the_markov_chain_says_why_it_has_no_position_wise_floor():
+    from windtunnel.tunnels.capabilities import PositionWiseFloor, lacks
+
+    assert "no closed form" in lacks(MarkovTunnel(), PositionWiseFloor)

@@ -61,7 +61,7 @@ def _attention_stats(model: SequenceModel, episodes: Sequence[Episode], tunnel: 
         queries = episode.positions  # [P]
         valid = queries >= 1  # [P]: a query that sees only itself has nothing to choose
         n_keys = (queries + 1).double()[valid]  # [P']
-        _, trace = traced(model, episode.tokens, names)
+        _, trace = traced(model, episode.tokens, names, episode.value_inputs)
         B = episode.batch_size
         n_total += B
         for name, keys in categories.items():

@@ -170,14 +170,19 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def traced(model: nn.Module, tokens: Tensor, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
-    """One traced forward of ``model`` on ``tokens`` ``[B, T]``, where the model is; the
-    ``[B, T, C]`` logits and the activations ``names`` (exact names), back on the host.
+def traced(
+    model: nn.Module, tokens: Tensor, names: Sequence[str], values: Tensor | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """One traced forward of ``model`` on ``tokens`` ``[B, T]`` (and the ``values`` beside them,
+    for a tunnel that has some), where the model is; the ``[B, T, C]`` logits and the
+    activations ``names`` (exact names), back on the host.
 
     The one way the analyses run a traced forward: the forward is the cost and runs on the
     device, the statistics after it run on the host in float64.
     """
-    logits, trace = run_with_trace(model, tokens.to(model_device(model)), list(names))
+    where = model_device(model)
+    read = {} if values is None else {"values": values.to(where)}  # a tunnel's observations read as values
+    logits, trace = run_with_trace(model, tokens.to(where), list(names), **read)
     return logits.cpu(), {name: trace[name].cpu() for name in names}
 
 
@@ -198,7 +203,7 @@ def first_sequences(eval_set: EvalSet, n: int) -> list[Episode]:
         if left <= 0:
             break
         k = min(left, e.batch_size)
-        episodes.append(Episode(e.tokens[:k], e.positions, e.targets[:k], e.posterior[:k], e.entropy_bits[:k]))
+        episodes.append(e.head(k))
         left -= k
     return episodes
 

@@ -102,13 +102,14 @@ def _concatenate(episodes: Sequence[Episode]) -> Episode:
         targets=torch.cat([e.targets for e in episodes]),
         posterior=torch.cat([e.posterior for e in episodes]),
         entropy_bits=torch.cat([e.entropy_bits for e in episodes]),
+        value_inputs=None if episodes[0].value_inputs is None else torch.cat([e.value_inputs for e in episodes]),
     )
 
 
 def _snapshot_state(
-    model: nn.Module, tokens: Tensor, positions: Tensor, attention_layers: Sequence[int]
+    model: nn.Module, episode: Episode, attention_layers: Sequence[int]
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """One forward of ``model`` on ``tokens`` ``[N, T]``, read at the supervised ``positions`` ``[P]``.
+    """One forward of ``model`` on ``episode`` (``N`` sequences), read at its supervised positions (``P``).
 
     Returns:
         ``[N, P, C]`` float64 predictive probabilities; ``[n_attention_layers, N, H, P, T]``
@@ -118,7 +119,8 @@ def _snapshot_state(
     resid_name = f"blocks.{model.n_layers - 1}.resid_post"
     names = [resid_name] + [f"blocks.{layer}.attn.pattern" for layer in attention_layers]
     with torch.no_grad():
-        logits, trace = traced(model.eval(), tokens, names)  # logits [N, T, C], on the host
+        logits, trace = traced(model.eval(), episode.tokens, names, episode.value_inputs)  # logits [N, T, C], on the host
+    positions = episode.positions
     probabilities = torch.softmax(logits[:, positions].double(), dim=-1)
     patterns = None
     if attention_layers:
@@ -184,7 +186,7 @@ def training_dynamics(
     # Newest first, so the final model's attention is at hand for every earlier snapshot.
     for step in reversed(steps):
         load_snapshot(run_dir, model, step)
-        probabilities, patterns, resid = _snapshot_state(model, episode.tokens, episode.positions, attention_layers)
+        probabilities, patterns, resid = _snapshot_state(model, episode, attention_layers)
         row: dict[str, Any] = {}
         if patterns is not None:  # [La, N, H, P, T]
             if reference is None:

@@ -83,7 +83,7 @@ def token_keys(model: SequenceModel, episodes: Sequence[Episode], token_values: 
     sums = {layer: torch.zeros(()) for layer in layers}
     counts = torch.zeros(len(values), dtype=torch.float64)  # [X]
     for episode in episodes:
-        _, trace = traced(model, episode.tokens, [f"blocks.{layer}.attn.k" for layer in layers])
+        _, trace = traced(model, episode.tokens, [f"blocks.{layer}.attn.k" for layer in layers], episode.value_inputs)
         onehot = (episode.tokens[..., None] == values).double()  # [B, T, X]
         counts += onehot.sum((0, 1))
         for layer in layers:

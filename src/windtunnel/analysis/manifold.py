@@ -110,7 +110,7 @@ def _read_points(
     points: dict[tuple[str, str], list[Tensor]] = {read: [] for read in reads}
     names = sorted({name for name, _ in reads})
     for episode in episodes:
-        _, trace = traced(model, episode.tokens, names)
+        _, trace = traced(model, episode.tokens, names, episode.value_inputs)
         for name, where in reads:
             at = episode.positions if where == "supervised" else tunnel.value_positions(episode)[0]  # [P] or [P']
             x = trace[name][..., at, :]  # [B, T, d] -> [B, P, d]  or  [B, H, P, d_head]

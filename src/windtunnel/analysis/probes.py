@@ -242,7 +242,7 @@ def _residuals(
     chunks: dict[str, list[Tensor]] = {name: [] for name in names}
     predictions = []
     for episode in episodes:
-        logits, trace = traced(model, episode.tokens, names)
+        logits, trace = traced(model, episode.tokens, names, episode.value_inputs)
         predictions.append(torch.softmax(logits[:, episode.positions].double(), dim=-1))  # [B, P, C]
         for name in names:
             chunks[name].append(trace[name][:, episode.positions].double())  # [B, P, d_model]

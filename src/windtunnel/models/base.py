@@ -14,6 +14,7 @@ Parameters are named so that a checkpoint's keys say where they live::
 
     token_embed.weight  pos_embed.weight  blocks.{l}.attn.{ln,qkv,proj}.*
     blocks.{l}.mlp.{ln,fc_in,fc_out}.*  ln_final.*  head.{weight,bias}
+    value_read_in.weight   (only for a tunnel whose observations are values)
 
 There are no buffers and no tied weights: ``state_dict()`` holds one contiguous tensor
 per parameter and nothing else, so it saves as safetensors as is.
@@ -89,6 +90,7 @@ class SequenceModel(nn.Module, abc.ABC):
         self.blocks = nn.ModuleList(blocks)
         self.ln_final = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
+        self.value_read_in: nn.Linear | None = None  # add_value_read_in gives one
 
     # --- trace protocol ------------------------------------------------------------
 
@@ -146,11 +148,15 @@ class SequenceModel(nn.Module, abc.ABC):
 
     # --- forward -------------------------------------------------------------------
 
-    def forward(self, tokens: Tensor, *, trace: Trace | None = None, at: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, *, values: Tensor | None = None, trace: Trace | None = None, at: Tensor | None = None
+    ) -> Tensor:
         """Logits over the classes at every position, or at the positions ``at``.
 
         Args:
             tokens: ``[B, T]`` int64 token ids, ``T <= max_len``.
+            values: ``[B, T, value_dim]`` values read beside the tokens, for a model built
+                with a value read-in (:meth:`add_value_read_in`); None otherwise.
             trace: records activations and applies interventions for this call only.
             at: ``[P]`` positions (increasing): return their logits only. Untraced, the
                 model then computes only what those positions need (from the last block
@@ -169,10 +175,10 @@ class SequenceModel(nn.Module, abc.ABC):
         if T > self.max_len:
             raise ValueError(f"sequence length {T} exceeds the position table (max_len={self.max_len})")
         if at is not None and trace is None:
-            return self._forward_at(tokens, at)
+            return self._forward_at(tokens, values, at)
         tr = NULL_TRACE if trace is None else trace.start(self)
         positions = torch.arange(T, device=tokens.device)  # [T]
-        embed = tr.record("embed", self.token_embed(tokens))  # [B, T, d_model]
+        embed = tr.record("embed", self._embed(tokens, values))  # [B, T, d_model]
         pos_embed = tr.record("pos_embed", self.pos_embed(positions).expand(B, T, self.d_model))  # [B, T, d_model]
         x = embed + pos_embed  # [B, T, d_model]
         for layer, block in enumerate(self.blocks):
@@ -183,7 +189,43 @@ class SequenceModel(nn.Module, abc.ABC):
             logits = logits[:, at]  # [B, P, C]
         return logits.float()  # float32 even under autocast: metrics compare with float64 posteriors
 
-    def _forward_at(self, tokens: Tensor, at: Tensor) -> Tensor:
+    def _embed(self, tokens: Tensor, values: Tensor | None) -> Tensor:
+        """``[B, T, d_model]``: each token's embedding, plus its values' read-in where the model has one."""
+        if (values is None) != (self.value_read_in is None):
+            raise ValueError("values must be given exactly when the model has a value read-in "
+                             f"(this one reads {self.value_dim} values per position)")
+        embed = self.token_embed(tokens)
+        if values is None:
+            return embed
+        if values.shape != (*tokens.shape, self.value_dim):
+            raise ValueError(f"values must be [B, T, {self.value_dim}] beside tokens {tuple(tokens.shape)}; "
+                             f"got shape {tuple(values.shape)}")
+        # In float32 even under autocast: the exact posterior conditions on the float32 values,
+        # and a bfloat16 read-in would round them to 3 significant digits first.
+        with torch.autocast(device_type=values.device.type, enabled=False):
+            read_in = self.value_read_in(values.float())
+        return embed + read_in.to(embed.dtype)
+
+    def add_value_read_in(self, value_dim: int, generator: torch.Generator | None = None) -> None:
+        """Give the model a linear read-in (``value_read_in``, no bias) of ``value_dim`` values per
+        position, added to the token embedding; initialized N(0, ``init_std``) like the embeddings.
+
+        A tunnel whose observations are values (``ValueInputs``) gets it from
+        :func:`~windtunnel.models.build.build_model`, for every family alike: the read-in is
+        the embedding of a value, not part of a family's design."""
+        if value_dim < 1:
+            raise ConfigError(f"value_dim={value_dim} is out of range: need value_dim >= 1")
+        if self.value_read_in is not None:
+            raise ValueError("the model has a value read-in already")
+        self.value_read_in = nn.Linear(value_dim, self.d_model, bias=False)
+        nn.init.normal_(self.value_read_in.weight, 0.0, self.init_std, generator=generator)
+
+    @property
+    def value_dim(self) -> int:
+        """Values read per position (0: tokens only)."""
+        return 0 if self.value_read_in is None else self.value_read_in.in_features
+
+    def _forward_at(self, tokens: Tensor, values: Tensor | None, at: Tensor) -> Tensor:
         """The untraced forward at the positions ``at`` only: ``[B, P, C]``.
 
         Blocks before the last one that mixes positions run on every position (their
@@ -191,7 +233,7 @@ class SequenceModel(nn.Module, abc.ABC):
         and every block after it (position-wise) sees only those positions.
         """
         B, T = tokens.shape
-        x = self.token_embed(tokens) + self.pos_embed(torch.arange(T, device=tokens.device))  # [B, T, d_model]
+        x = self._embed(tokens, values) + self.pos_embed(torch.arange(T, device=tokens.device))  # [B, T, d_model]
         mixing = [layer for layer, block in enumerate(self.blocks) if block.mixes_positions]
         if not mixing:
             x = x[:, at]  # position-wise throughout (the MLP control): drop the rest at once
@@ -202,11 +244,11 @@ class SequenceModel(nn.Module, abc.ABC):
         return self.head(self.ln_final(x)).float()  # [B, P, C]
 
     def run_with_trace(
-        self, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any
+        self, tokens: Tensor, names: Iterable[str] | str | None = None, *, values: Tensor | None = None, **options: Any
     ) -> tuple[Tensor, Trace]:
         """``(logits, trace)`` of one traced forward; see :func:`windtunnel.models.trace.run_with_trace`."""
         trace = Trace(names, **options)
-        return self(tokens, trace=trace), trace
+        return self(tokens, values=values, trace=trace), trace
 
     # --- initialization ------------------------------------------------------------
 

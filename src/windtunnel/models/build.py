@@ -87,6 +87,7 @@ def build_model(
     num_classes: int,
     max_len: int | None = None,
     generator: torch.Generator | None = None,
+    value_dim: int = 0,
 ) -> SequenceModel:
     """Build a freshly initialized model.
 
@@ -99,6 +100,8 @@ def build_model(
         max_len: the longest sequence the run will feed; ``config.max_len`` wins when set
             (and must be at least this).
         generator: seeds the initial weights; None uses the global RNG.
+        value_dim: values per position the tunnel's episodes carry beside the tokens (its
+            ``ValueInputs``): the model gets a linear read-in of them. 0: tokens only.
 
     Raises:
         ConfigError: unknown kind, a config of another family, a bad field, or no
@@ -114,4 +117,7 @@ def build_model(
         raise ConfigError(
             f"config={type(config).__name__} does not fit model kind {kind!r}: expected {config_class.__name__}"
         )
-    return cls(config, vocab_size=vocab_size, num_classes=num_classes, max_len=max_len, generator=generator)
+    model = cls(config, vocab_size=vocab_size, num_classes=num_classes, max_len=max_len, generator=generator)
+    if value_dim:
+        model.add_value_read_in(value_dim, generator)
+    return model

@@ -35,8 +35,8 @@ def count_params(model: nn.Module) -> int:
 
 def _part(name: str) -> str:
     """The part a parameter belongs to, from its dotted name."""
-    if name.startswith("token_embed."):
-        return "embed"
+    if name.startswith(("token_embed.", "value_read_in.")):
+        return "embed"  # a value's read-in is its embedding
     if name.startswith("pos_embed."):
         return "pos_embed"
     if name.startswith("head."):

@@ -285,7 +285,12 @@ NULL_TRACE = _NullTrace()
 
 
 def run_with_trace(
-    model: Traceable, tokens: Tensor, names: Iterable[str] | str | None = None, **options: Any
+    model: Traceable,
+    tokens: Tensor,
+    names: Iterable[str] | str | None = None,
+    *,
+    values: Tensor | None = None,
+    **options: Any,
 ) -> tuple[Tensor, Trace]:
     """Run ``model`` once with a fresh :class:`Trace`; return ``(logits, trace)``.
 
@@ -293,11 +298,12 @@ def run_with_trace(
         model: any windtunnel model.
         tokens: ``[B, T]`` int64 token ids.
         names: what to record (see :class:`Trace`).
+        values: ``[B, T, D]`` values beside the tokens, for a model with a value read-in.
         **options: the keyword arguments of :class:`Trace` (``mask_heads``, ``skip_layers``, ...).
 
     Returns:
         ``[B, T, C]`` float32 logits and the filled trace.
     """
     trace = Trace(names, **options)
-    logits = model(tokens, trace=trace)
+    logits = model(tokens, values=values, trace=trace) if values is not None else model(tokens, trace=trace)
     return logits, trace

@@ -101,6 +101,14 @@ FIGURE_PLAN: tuple[tuple[str, str, str, tuple[tuple[str, str, str], ...]], ...] 
 )
 
 
+#: The studies whose report is the architecture-by-primitive table: (title, what the table is).
+PRIMITIVE_TABLE_TITLES = {
+    "architectures": ("Bayesian wind tunnels: which architecture realizes which inference primitive",
+                      "The architecture-by-primitive table of the paper's later versions (arXiv 2512.22471 v3+)"),
+    "future_work": ("Bayesian wind tunnels beyond the paper: Laplace accumulation and Gaussian filtering",
+                    "The architecture-by-primitive table on the tunnels of the paper's future work"),
+}
+
 def figure_section_title(title: str, paper_figure: str) -> str:
     """A figure section's heading: its subject, and the paper's figure it reproduces."""
     return f"{title} (the paper's {paper_figure})" if paper_figure else title
@@ -357,14 +365,13 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
         )
     runs = [SavedRun.read(out, run) for run in manifest.runs]
     results = load_results(out)
-    if manifest.study == "architectures":
+    if manifest.study in PRIMITIVE_TABLE_TITLES:
         sections = primitive_sections(results, out / ANALYSIS_DIR, load_results(out, INIT_DIR))
         sections[0] = dataclasses.replace(sections[0], note=manifest.meaning)  # beside the verdict table
-        title = "Bayesian wind tunnels: which architecture realizes which inference primitive"
+        title, what = PRIMITIVE_TABLE_TITLES[manifest.study]
         summary = (
-            f"The architecture-by-primitive table of the paper's later versions (arXiv 2512.22471 v3+) at "
-            f"{manifest.scale} scale: {len(runs)} training runs, each architecture capacity-matched to the transformer. "
-            "Each verdict applies the stated criterion to our numbers, beside the paper's verdict."
+            f"{what} at {manifest.scale} scale: {len(runs)} training runs, each architecture capacity-matched to the "
+            "transformer. Each verdict applies the stated criterion to our numbers, beside the published verdict."
         )
     else:
         sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other,

@@ -142,6 +142,9 @@ class HorizonScores:
             seed, its interval is the interval).
         prior: the context-free prior's metrics on the same sequences (the first run's).
         curves: the per-position curves averaged over the runs.
+        position_wise: the metrics of the exact predictive given one position's token alone,
+            the floor of a model that mixes no positions (a tunnel that declares
+            ``PositionWiseFloor``; absent otherwise).
     """
 
     mae_aggregate_bits: Summary
@@ -150,6 +153,7 @@ class HorizonScores:
     per_run: tuple[RunScores, ...]
     prior: Metrics
     curves: Curves
+    position_wise: Metrics | None = omitted_when_none()
 
 
 @dataclass(frozen=True, kw_only=True)

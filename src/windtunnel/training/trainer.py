@@ -407,11 +407,12 @@ def _step(s: _Session, step: int) -> tuple[float, torch.Tensor, torch.Tensor]:
         group["lr"] = lr
     generator = torch.Generator(device=s.data_device).manual_seed(data_seed(t.seed, s.dist.rank, step))
     episode = s.config.training_tunnel(step).sample(s.local_batch, generator=generator).to(s.device)  # a no-op when drawn there
+    values = {} if episode.value_inputs is None else {"values": episode.value_inputs}  # a tunnel's observations read as values
     with s.autocast:
         if t.supervised_only:
-            logits = s.forward(episode.tokens, at=episode.positions)  # [B, P, C]: only what those positions need
+            logits = s.forward(episode.tokens, at=episode.positions, **values)  # [B, P, C]: only what those positions need
         else:
-            logits = s.forward(episode.tokens)[:, episode.positions]  # [B, P, C]
+            logits = s.forward(episode.tokens, **values)[:, episode.positions]  # [B, P, C]
     loss = _loss(logits, episode, t.target)
     loss_value = loss.detach().float()
     first_bad = (s.first_bad_step == 0) & ~torch.isfinite(loss_value)

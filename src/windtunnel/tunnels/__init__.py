@@ -20,6 +20,7 @@ from windtunnel.tunnels.base import Episode, Tunnel
 from windtunnel.tunnels.bijection import BijectionEpisode, BijectionTunnel
 from windtunnel.tunnels.capabilities import lacks
 from windtunnel.tunnels.hmm import HMMEpisode, HMMTunnel, decode_header, forward_filter
+from windtunnel.tunnels.kalman import KalmanEpisode, KalmanTunnel
 from windtunnel.tunnels.markov import DirichletTunnel, MarkovEpisode, MarkovTunnel
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Episode",
     "HMMEpisode",
     "HMMTunnel",
+    "KalmanEpisode",
+    "KalmanTunnel",
     "MarkovEpisode",
     "MarkovTunnel",
     "Tunnel",
@@ -82,7 +85,7 @@ def unregister_tunnel(name: str) -> None:
 
 
 #: The tunnels this package ships.
-BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel, DirichletTunnel, MarkovTunnel)
+BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel, DirichletTunnel, MarkovTunnel, KalmanTunnel)
 for _cls in BUILT_IN:
     register_tunnel(_cls)
 

@@ -10,7 +10,7 @@ batch; they are stored once as ``positions`` (``[P]``) and every per-position te
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -31,6 +31,10 @@ class Episode:
             supervised position (the hard training label).
         posterior: ``[B, P, C]`` float64 exact posterior over the ``C`` output classes.
         entropy_bits: ``[B, P]`` float64 entropy of ``posterior`` in bits.
+        value_inputs: ``[B, T, D]`` float64 values read beside the tokens through a linear read-in
+            (a tunnel that declares ``ValueInputs``, e.g. the Kalman tunnel's observations;
+            float32-representable, so the posterior conditions on what the model reads), or
+            None where the tokens are all the model reads.
     """
 
     tokens: Tensor
@@ -38,6 +42,7 @@ class Episode:
     targets: Tensor
     posterior: Tensor
     entropy_bits: Tensor
+    value_inputs: Tensor | None = field(default=None, kw_only=True)
 
     @property
     def batch_size(self) -> int:
@@ -58,15 +63,24 @@ class Episode:
         }
         return dataclasses.replace(self, **moved)
 
+    def head(self, n: int) -> Episode:
+        """The first ``n`` sequences as a plain :class:`Episode` (tunnel-specific fields dropped)."""
+        value_inputs = None if self.value_inputs is None else self.value_inputs[:n]
+        return Episode(self.tokens[:n], self.positions, self.targets[:n], self.posterior[:n], self.entropy_bits[:n],
+                       value_inputs=value_inputs)
+
     def record(self, i: int) -> dict[str, Any]:
         """Sequence ``i`` as plain JSON-able values (what ``windtunnel sample`` prints)."""
-        return {
+        record = {
             "tokens": self.tokens[i].tolist(),
             "positions": self.positions.tolist(),
             "targets": self.targets[i].tolist(),
             "posterior": self.posterior[i].tolist(),
             "entropy_bits": self.entropy_bits[i].tolist(),
         }
+        if self.value_inputs is not None:
+            record["value_inputs"] = self.value_inputs[i].tolist()
+        return record
 
 
 @runtime_checkable

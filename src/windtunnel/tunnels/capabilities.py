@@ -31,12 +31,15 @@ __all__ = [
     "ClosedFormEntropy",
     "HypothesisTokens",
     "KnownParameters",
+    "PositionWiseFloor",
     "Relabeling",
     "SymbolTokens",
+    "ValueInputs",
     "ValuePositions",
     "capabilities_of",
     "declares",
     "lacks",
+    "value_dim_of",
 ]
 
 
@@ -117,6 +120,29 @@ class KnownParameters(Protocol):
         parameters and the tokens before each supervised position."""
 
 
+@runtime_checkable
+class PositionWiseFloor(Protocol):
+    """The exact predictive given only what a model that mixes no positions reads at each
+    supervised position (its token, its values, its position), in closed form: the floor of
+    the attention-free MLP control, which the context-free prior is not where the current
+    token is itself evidence (a Dirichlet symbol, a Kalman observation)."""
+
+    def position_wise_predictive(self, episode: Episode) -> Tensor:
+        """``[B, P, C]`` float64: the next class's distribution given the token (and values) at
+        each supervised position alone."""
+
+
+@runtime_checkable
+class ValueInputs(Protocol):
+    """Its observations are real numbers the model reads as values through a linear read-in
+    beside the tokens (the Kalman tunnel's ``y_t``): every episode carries ``values``
+    ``[B, T, value_dim]``, and every model built for the tunnel gets the read-in."""
+
+    @property
+    def value_dim(self) -> int:
+        """Values per position (``>= 1``)."""
+
+
 #: Every capability: what it says of a task, and the members a tunnel defines to declare it.
 CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     SymbolTokens: ("which tokens are its symbols", ("symbol_tokens",)),
@@ -126,6 +152,8 @@ CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     ClosedFormEntropy: ("a closed-form exact entropy curve", ("closed_form_entropy_bits",)),
     ValuePositions: ("where each answer is shown", ("value_positions",)),
     KnownParameters: ("the predictive given its hidden parameters", ("parameter_predictive",)),
+    PositionWiseFloor: ("the predictive given one position's token alone", ("position_wise_predictive",)),
+    ValueInputs: ("observations read as values", ("value_dim",)),
 }
 
 
@@ -154,3 +182,8 @@ def lacks(tunnel: object, capability: type) -> str | None:
         return f"the {name} tunnel has no {capability.__name__}: {reason}"
     says, members = CAPABILITIES[capability]
     return f"the {name} tunnel does not declare {capability.__name__} ({says}): it would define {' and '.join(members)}"
+
+
+def value_dim_of(tunnel: object) -> int:
+    """The values per position ``tunnel``'s episodes carry beside their tokens (0: tokens only)."""
+    return tunnel.value_dim if declares(tunnel, ValueInputs) else 0

@@ -216,6 +216,12 @@ class MarkovTunnel(_Laplace):
     beta: float = 1.0
     L: int = 64
 
+    why_not: ClassVar[dict[str, str]] = {
+        **_Laplace.why_not,
+        "PositionWiseFloor": "the current symbol's own row may have been seen (x_{t-1} = x_t), so its predictive "
+                             "from one token depends on the whole history: no closed form",
+    }
+
     def __post_init__(self) -> None:
         self._check("beta")
         if self.k < 1:
@@ -268,6 +274,14 @@ class DirichletTunnel(_Laplace):
 
     def describe(self) -> str:
         return f"alpha {self.alpha:g}"
+
+    def position_wise_predictive(self, episode: MarkovEpisode) -> Tensor:
+        """``[B, L, V]``: the predictive given only the symbol at each position, Laplace's rule
+        after one draw, ``(1{v = x_t} + alpha) / (1 + V alpha)``; uniform at ``BOS``."""
+        counts = one_hot(episode.tokens.clamp_max(self.V - 1), self.V)  # [B, L, V]; BOS's row is reset below
+        floor = (counts + self.alpha) / (1.0 + self.V * self.alpha)
+        floor[:, 0] = 1.0 / self.V
+        return floor
 
     def label(self) -> str:
         return label_with(self, ("V", "L"))
