@@ -22,6 +22,7 @@ from windtunnel.tunnels.capabilities import lacks
 from windtunnel.tunnels.hmm import HMMEpisode, HMMTunnel, decode_header, forward_filter
 from windtunnel.tunnels.kalman import KalmanEpisode, KalmanTunnel
 from windtunnel.tunnels.markov import DirichletTunnel, MarkovEpisode, MarkovTunnel
+from windtunnel.tunnels.model_selection import ModelSelectionEpisode, ModelSelectionTunnel
 
 __all__ = [
     "TUNNELS",
@@ -37,6 +38,8 @@ __all__ = [
     "KalmanTunnel",
     "MarkovEpisode",
     "MarkovTunnel",
+    "ModelSelectionEpisode",
+    "ModelSelectionTunnel",
     "Tunnel",
     "decode_header",
     "forward_filter",
@@ -85,7 +88,7 @@ def unregister_tunnel(name: str) -> None:
 
 
 #: The tunnels this package ships.
-BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel, DirichletTunnel, MarkovTunnel, KalmanTunnel)
+BUILT_IN = (BijectionTunnel, HMMTunnel, AssocRecallTunnel, DirichletTunnel, MarkovTunnel, KalmanTunnel, ModelSelectionTunnel)
 for _cls in BUILT_IN:
     register_tunnel(_cls)
 
