@@ -325,3 +325,34 @@ def plot_linear_probes(result: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"Linear probes of the residual stream ({result['runs']} run(s))", fontsize=10)
     save(fig, path)
+
+
+@figure("class_posterior")
+def plot_class_posterior(result: dict[str, Any], path: Path) -> None:
+    """Class posterior: the read-out's error by position (with the share of informative
+    sequences) and the probes' error by depth, each beside the uniform prior over classes."""
+    fig, (position_ax, depth_ax) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    share_ax = position_ax.twinx()
+    for i, run in enumerate(result["runs"]):
+        color = plt.cm.tab10(i % 10)
+        label = run["run_dir"].rstrip("/").split("/")[-1]
+        positions = [p + 1 for p in run["readout_positions"]]
+        position_ax.plot(positions, run["readout_mae_by_position"], marker="o", ms=3, color=color, label=label)
+        share = run["informative_share_by_position"]
+        share_ax.bar(np.arange(1, len(share) + 1) + 0.15 * i, share, width=0.15, color=color, alpha=0.25)
+        layers = run["probe_layers"]
+        depth_ax.plot(range(len(layers)), [layer["mae"] for layer in layers], marker="o", ms=4, color=color, label=label)
+    for ax in (position_ax, depth_ax):
+        ax.axhline(result["prior_mae"], color="grey", ls="--", lw=0.8, label="uniform prior over classes")
+        ax.set_ylabel("class-posterior MAE")
+        ax.legend(fontsize=7)
+    share_ax.set_ylim(0, 1)
+    share_ax.set_ylabel("share of sequences informative (bars)", fontsize=8)
+    position_ax.set_xlabel("pair k (the class posterior before its answer)")
+    position_ax.set_title("read out of the answer distribution", fontsize=9)
+    names = [{"input": "in", "ln_final": "LN"}.get(layer["name"], str(layer["layer"])) for layer in result["runs"][0]["probe_layers"]]
+    depth_ax.set_xticks(range(len(names)), names)
+    depth_ax.set_xlabel("depth: embeddings (in), after block l, final LayerNorm (LN)")
+    depth_ax.set_title(f"ridge probes ({result['n_test_sequences']} held-out sequences)", fontsize=9)
+    fig.suptitle(f"The class posterior ({' vs '.join(result['classes'])})", fontsize=10)
+    save(fig, path)

@@ -29,6 +29,7 @@ __all__ = [
     "AttentionCategories",
     "CAPABILITIES",
     "ClosedFormEntropy",
+    "HypothesisClasses",
     "HypothesisTokens",
     "KnownParameters",
     "PositionWiseFloor",
@@ -133,6 +134,22 @@ class PositionWiseFloor(Protocol):
 
 
 @runtime_checkable
+class HypothesisClasses(Protocol):
+    """Its hypotheses come in classes (model selection): the exact class posterior before each
+    answer, and each class's own predictive, which the answer's posterior mixes."""
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The classes, in the order of the class axis."""
+
+    def class_posterior(self, episode: Episode) -> Tensor:
+        """``[B, P, K]`` float64: the exact class posterior before each supervised answer."""
+
+    def class_predictives(self, episode: Episode) -> Tensor:
+        """``[B, P, K, C]`` float64: each class's predictive of the answer."""
+
+
+@runtime_checkable
 class ValueInputs(Protocol):
     """Its observations are real numbers the model reads as values through a linear read-in
     beside the tokens (the Kalman tunnel's ``y_t``): every episode carries ``values``
@@ -152,6 +169,7 @@ CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     ClosedFormEntropy: ("a closed-form exact entropy curve", ("closed_form_entropy_bits",)),
     ValuePositions: ("where each answer is shown", ("value_positions",)),
     KnownParameters: ("the predictive given its hidden parameters", ("parameter_predictive",)),
+    HypothesisClasses: ("hypothesis classes with an exact class posterior", ("class_names", "class_posterior", "class_predictives")),
     PositionWiseFloor: ("the predictive given one position's token alone", ("position_wise_predictive",)),
     ValueInputs: ("observations read as values", ("value_dim",)),
 }

@@ -291,6 +291,11 @@ class ModelSelectionTunnel:
     def exact_posteriors(self, inputs: Tensor, outputs: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, L, n]`` the next answer's exact posterior (integer values) and ``[B, L, classes]``
         the class posterior, each before pair ``k``'s answer is shown."""
+        posterior, class_posterior, _ = self._posteriors(inputs, outputs)
+        return posterior, class_posterior
+
+    def _posteriors(self, inputs: Tensor, outputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`exact_posteriors` and each class's own predictive ``[B, L, classes, n]``."""
         B, L = inputs.shape
         n, device = self.n, inputs.device
         batch = torch.arange(B, device=device)
@@ -298,20 +303,21 @@ class ModelSelectionTunnel:
         backward = torch.full_like(forward, -1)
         # log pi_c |C_c(D)| / |C_c|: the uniform prior times the product of the answers' q_c
         log_weight = torch.zeros(B, len(self.classes), dtype=torch.float64, device=device)
-        posteriors, class_posteriors = [], []
+        posteriors, class_posteriors, predictives = [], [], []
         first = None
         for k in range(L):
             x, y = inputs[:, k], outputs[:, k]
             q = torch.stack([_class_predictive(c, x, forward, backward, first, n) for c in self.classes], 1)  # [B, C, n]
             weight = torch.softmax(log_weight, -1)  # [B, C]
             class_posteriors.append(weight)
+            predictives.append(q)
             posteriors.append(torch.einsum("bc,bcn->bn", weight, q))
             log_weight = log_weight + torch.log(q[batch, :, y])  # -inf where a class cannot give y
             forward[batch, x] = y
             backward[batch, y] = x
             if first is None:
                 first = (x, y)
-        return torch.stack(posteriors, 1), torch.stack(class_posteriors, 1)
+        return torch.stack(posteriors, 1), torch.stack(class_posteriors, 1), torch.stack(predictives, 1)
 
     def _relabelling(self, batch_size: int, generator: torch.Generator) -> Tensor:
         device = generator.device
@@ -367,6 +373,22 @@ class ModelSelectionTunnel:
         "AttentionCategories": "which earlier pairs are evidence depends on the class: every pair bears on the class posterior",
         "ClosedFormEntropy": "the entropy depends on the pairs seen through the class posterior",
     }
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The hypothesis classes compared, in the order of ``class_posterior``."""
+        return self.classes
+
+    def class_posterior(self, episode: ModelSelectionEpisode) -> Tensor:
+        """``[B, P, classes]`` the exact class posterior before each answer."""
+        return episode.class_posterior
+
+    def class_predictives(self, episode: ModelSelectionEpisode) -> Tensor:
+        """``[B, P, classes, n]`` each class's own predictive of each answer symbol (what the
+        next-answer posterior mixes with the class posterior's weights)."""
+        _, _, predictive = self._posteriors(episode.inputs, episode.outputs)  # integer values
+        inverse = episode.relabel.argsort(-1)[:, None, None, :].expand_as(predictive)
+        return predictive.gather(3, inverse)  # symbol j is the value sigma^-1(j)
 
     def symbol_tokens(self) -> tuple[list[int], list[str]]:
         """The input symbol tokens ``0..n-1`` (answers are tokens ``n + v``)."""
