@@ -208,9 +208,10 @@ def evaluate(
     episodes = eval_set.episodes
     predictions = [predictor(e) for e in episodes]
     result = score(predictions, episodes, bootstrap=bootstrap, seed=seed)
-    known = tunnel is not None and declares(tunnel, KnownParameters)
+    # The oracle that knows each sequence's parameters, once for every row (a Kalman bank refilters)
+    known = [tunnel.parameter_predictive(e) for e in episodes] if tunnel is not None and declares(tunnel, KnownParameters) else None
     if known:
-        result["loss_gap_bits"] = loss_gap_bits(predictions, episodes, tunnel)
+        result["loss_gap_bits"] = loss_gap_bits(predictions, episodes, known)
     if references:
         if tunnel is None:
             raise ValueError("evaluate(references=True) needs the tunnel for the prior row")
@@ -222,21 +223,20 @@ def evaluate(
             scored = score(referenced, episodes, bootstrap=bootstrap, seed=seed)
             result[name] = {k: v for k, v in scored.items() if k != "curves"}
             if known:
-                result[name]["loss_gap_bits"] = loss_gap_bits(referenced, episodes, tunnel)
+                result[name]["loss_gap_bits"] = loss_gap_bits(referenced, episodes, known)
     return result
 
 
-def loss_gap_bits(predictions: Sequence[Tensor], episodes: Sequence[Episode], tunnel: Any) -> float:
+def loss_gap_bits(predictions: Sequence[Tensor], episodes: Sequence[Episode], known: Sequence[Tensor]) -> float:
     """Mean over sequences and positions of the log-loss of ``predictions`` on the targets drawn
-    minus that of the oracle that knows each sequence's parameters
+    minus that of ``known``, each episode's predictive given its own parameters
     (:class:`~windtunnel.tunnels.capabilities.KnownParameters`), in bits: the loss gap the
     literature reports (Bondaschi et al., arXiv 2502.10178). The exact posterior's own gap is
     the price of not knowing the parameters; a model's is that plus its distance from it."""
     gaps = []
-    for p, e in zip(predictions, episodes):
+    for p, e, oracle in zip(predictions, episodes, known):
         targets = e.targets.to(p.device)[..., None]
-        known = tunnel.parameter_predictive(e).to(p.device)
-        gaps.append((known.gather(-1, targets).log2() - p.gather(-1, targets).log2()).squeeze(-1))
+        gaps.append((oracle.to(p.device).gather(-1, targets).log2() - p.gather(-1, targets).log2()).squeeze(-1))
     return _to_host(gaps).mean().item()
 
 

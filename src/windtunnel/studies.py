@@ -29,7 +29,7 @@ from pathlib import Path
 __all__ = [
     "ARCHITECTURES", "ARCHITECTURE_PRESETS", "ARCHITECTURE_SCALES", "FUTURE_WORK_PRESETS", "FUTURE_WORK_SCALES",
     "FUTURE_WORK_TUNNELS", "GROUPS", "HISTORY_ANALYSES", "PRESETS",
-    "PRESET_NAMES", "PRIMITIVE_STUDIES", "PRIMITIVE_TUNNELS", "SCALES", "STUDIES", "AnalysisGroup", "Preset", "Scale", "Study", "configs_folder",
+    "PRESET_NAMES", "PRIMITIVE_TUNNELS", "SCALES", "STUDIES", "AnalysisGroup", "Preset", "Scale", "Study", "configs_folder",
 ]
 
 @dataclass(frozen=True)
@@ -300,16 +300,21 @@ GROUPS = (
 PRIMITIVE_TUNNELS = ("bijection", "hmm", "recall4", "recall8")
 #: Its model families, in the order of the paper's table.
 ARCHITECTURES = ("transformer", "mamba", "lstm", "mlp")
-ARCHITECTURE_PRESETS = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES)
-#: Each tunnel's four models compared: Table 1 per tunnel, from which the report's primitives table is built.
-ARCHITECTURE_GROUPS = tuple(
-    AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in PRIMITIVE_TUNNELS
-)
 
-#: Seeds at the CPU scale: three for the transformer, the LSTM and the MLP (a few minutes
-#: each), whose verdicts are decided on the median; one for Mamba, whose run takes 5-13 times
-#: theirs (the 60-minute budget; the cuts say so).
-CPU_PRIMITIVES_SEEDS = {f"{t}_{a}": 3 for t in PRIMITIVE_TUNNELS for a in ARCHITECTURES if a != "mamba"}
+
+def _every_architecture(tunnels: tuple[str, ...]) -> tuple[tuple[Preset, ...], tuple[AnalysisGroup, ...], dict[str, int]]:
+    """Every architecture on every tunnel (``configs/primitives/<tunnel>_<family>.toml``): the
+    presets; each tunnel's four models compared (Table 1 per tunnel, from which the report's
+    primitives table is built); the seeds at the CPU scale (three, one for Mamba, whose run takes
+    5-13 times the others': the cuts say so)."""
+    presets = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in tunnels for a in ARCHITECTURES)
+    groups = tuple(AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in tunnels)
+    seeds = {f"{t}_{a}": 3 for t in tunnels for a in ARCHITECTURES if a != "mamba"}
+    return presets, groups, seeds
+
+
+ARCHITECTURE_PRESETS, ARCHITECTURE_GROUPS, CPU_PRIMITIVES_SEEDS = _every_architecture(PRIMITIVE_TUNNELS)
+
 #: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing:
 #: the Mamba runs start first): measured from a fresh clone of 541fc90 on an AMD EPYC (Zen 3).
 CPU_PRIMITIVES_EXPECTED_S = {
@@ -378,12 +383,7 @@ ARCHITECTURE_SCALES: dict[str, Scale] = {
 #: names as future work, with exact posteriors beyond its three primitives. Laplace accumulation
 #: at order 0 (i.i.d. symbols) and order 1 (a Markov chain), and Gaussian filtering.
 FUTURE_WORK_TUNNELS = ("dirichlet", "markov", "kalman")
-FUTURE_WORK_PRESETS = tuple(Preset(f"{t}_{a}", f"{t}_{a}") for t in FUTURE_WORK_TUNNELS for a in ARCHITECTURES)
-FUTURE_WORK_GROUPS = tuple(
-    AnalysisGroup(t, tuple(f"{t}_{a}" for a in ARCHITECTURES), ("model_comparison",)) for t in FUTURE_WORK_TUNNELS
-)
-#: Seeds at the CPU scale, as in the architectures study: three, and one for Mamba.
-CPU_FUTURE_WORK_SEEDS = {f"{t}_{a}": 3 for t in FUTURE_WORK_TUNNELS for a in ARCHITECTURES if a != "mamba"}
+FUTURE_WORK_PRESETS, FUTURE_WORK_GROUPS, CPU_FUTURE_WORK_SEEDS = _every_architecture(FUTURE_WORK_TUNNELS)
 #: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing):
 #: measured on an AMD EPYC (Zen 4), the three Mamba runs sharing the cores with a test run.
 CPU_FUTURE_WORK_EXPECTED_S = {
@@ -453,8 +453,7 @@ STUDIES = {
         why_not="the paper gives no scale for these tunnels: its presets are CPU-sized only",
     ),
 }
-#: The studies whose report is the architecture-by-primitive table.
-PRIMITIVE_STUDIES = ("architectures", "future_work")
+
 
 
 #: Analyses that read a run's training history rather than its weights: not run at initialization.

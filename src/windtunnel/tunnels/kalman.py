@@ -99,16 +99,6 @@ class KalmanEpisode(Episode):
         return record
 
 
-def _stationary_covariance(A: Tensor) -> Tensor:
-    """``[K, n, n]``: the ``P`` with ``P = A P A^T + I`` (``vec P = (I - A kron A)^{-1} vec I``)."""
-    K, n, _ = A.shape
-    kron = torch.einsum("kij,klm->kiljm", A, A).reshape(K, n * n, n * n)
-    eye = torch.eye(n * n, dtype=A.dtype)
-    vec = torch.linalg.solve(eye - kron, torch.eye(n, dtype=A.dtype).reshape(1, n * n, 1).expand(K, -1, -1))
-    P = vec.reshape(K, n, n)
-    return (P + P.transpose(1, 2)) / 2  # symmetric up to rounding; make it exactly so
-
-
 def kalman_predictive(observations: Tensor, bank: KalmanBank) -> tuple[Tensor, Tensor, Tensor]:
     """Every system's one-step predictive of every observation given those before it.
 
@@ -227,7 +217,8 @@ class KalmanTunnel:
         orthogonal = q * torch.sign(torch.diagonal(upper, dim1=1, dim2=2))[:, None, :]  # Haar-uniform (Mezzadri 2007)
         rho = self.rho_min + (self.rho_max - self.rho_min) * torch.rand(K, generator=generator, dtype=torch.float64)
         A = rho[:, None, None] * orthogonal
-        P = _stationary_covariance(A)
+        # P = A P A^T + I with A = rho Q, Q orthogonal: P = sum_j rho^(2j) I = I / (1 - rho^2)
+        P = torch.eye(n, dtype=torch.float64) / (1.0 - rho**2)[:, None, None]
         c = torch.randn(K, n, generator=generator, dtype=torch.float64)
         signal = self.signal_min + (self.signal_max - self.signal_min) * torch.rand(K, generator=generator, dtype=torch.float64)
         c = c * torch.sqrt(signal / torch.einsum("ki,kij,kj->k", c, P, c))[:, None]
