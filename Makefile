@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny architectures future-work test bench mutate install install-test clean
+.PHONY: run tiny architectures future-work model-selection test bench mutate install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ architectures: install
 # study): Laplace accumulation (dirichlet, markov) and Gaussian filtering (kalman), into reproduction-future-work/.
 future-work: install
 	$(BIN)/windtunnel reproduce --scale cpu --only future_work --out reproduction-future-work --resume
+
+# The findings of the authors' model-selection paper (docs/reproducing.md, the model-selection study): one class
+# of functions on Z_n in three symbol modes, involutions against 3-cycles, into reproduction-model-selection/.
+model-selection: install
+	$(BIN)/windtunnel reproduce --scale cpu --only model_selection --out reproduction-model-selection --resume
 
 # Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
 test: install-test

@@ -33,7 +33,7 @@ from windtunnel.metrics import entropy_bits, kl_bits
 from windtunnel.memory import check_fits
 from windtunnel.models import Trace
 from windtunnel.tunnels import Episode, Tunnel
-from windtunnel.tunnels.capabilities import KnownParameters, PositionWiseFloor, declares
+from windtunnel.tunnels.capabilities import KnownParameters, PermutationReference, PositionWiseFloor, declares
 
 __all__ = [
     "EvalSet",
@@ -199,8 +199,9 @@ def evaluate(
     references: bool = True,
 ) -> dict[str, Any]:
     """Score ``predictor`` on ``eval_set``; with ``references`` also the ``oracle`` and ``prior`` rows,
-    and the ``position_wise`` row where the tunnel declares
-    :class:`~windtunnel.tunnels.capabilities.PositionWiseFloor`.
+    the ``position_wise`` row where the tunnel declares
+    :class:`~windtunnel.tunnels.capabilities.PositionWiseFloor` and the ``permutation`` row
+    where it declares :class:`~windtunnel.tunnels.capabilities.PermutationReference`.
 
     Returns:
         ``score(...)`` of the predictor, plus those sub-results (scalars only).
@@ -218,6 +219,8 @@ def evaluate(
         references_of = [("oracle", oracle_predictor), ("prior", prior_predictor(tunnel))]
         if declares(tunnel, PositionWiseFloor):  # what a model that mixes no positions can reach
             references_of.append(("position_wise", tunnel.position_wise_predictive))
+        if declares(tunnel, PermutationReference):  # what the answers being distinct alone tell
+            references_of.append(("permutation", tunnel.permutation_predictive))
         for name, reference in references_of:
             referenced = [reference(e) for e in episodes]
             scored = score(referenced, episodes, bootstrap=bootstrap, seed=seed)

@@ -36,7 +36,7 @@ from windtunnel.training.checkpoint import (
     save_final_weights,
 )
 from windtunnel.tunnels import TUNNELS
-from windtunnel.tunnels.capabilities import Relabeling, declares
+from windtunnel.tunnels.capabilities import Relabeling, declares, lacks
 from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE
 
 __all__ = [
@@ -187,6 +187,8 @@ def evaluate_run(
     if relabel and not declares(tunnel, Relabeling):
         able = [name for name, cls in TUNNELS.items() if declares(cls, Relabeling)]
         raise ConfigError(f"--relabel applies to tunnels with hidden states to relabel ({', '.join(able)}), not {tunnel.name!r}")
+    if relabel and (reason := lacks(tunnel, Relabeling)):
+        raise ConfigError(f"--relabel does not apply: {reason}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     predictor = model_predictor(model, device=device)
@@ -203,16 +205,18 @@ def evaluate_run(
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The scalar metrics of :func:`evaluate_run` as a table (model, oracle, prior per horizon)."""
+    """The scalar metrics of :func:`evaluate_run` as a table (model, oracle, prior per horizon, and
+    the tunnel's own references where it has them: the position-wise floor, the permutation reference)."""
     lines = [f"{result['run_dir']} ({result['model']}, step {result['step']})"]
-    lines.append(f"{'horizon':>7} {'row':<8} {'mae_aggregate_bits':>26} {'mae_bits':>26} {'kl_bits':>26}")
+    lines.append(f"{'horizon':>7} {'row':<13} {'mae_aggregate_bits':>26} {'mae_bits':>26} {'kl_bits':>26}")
     for h, scores in result["horizons"].items():
-        for row, values in (("model", scores), ("oracle", scores["oracle"]), ("prior", scores["prior"])):
+        references = [(name, scores[name]) for name in ("oracle", "prior", "position_wise", "permutation") if name in scores]
+        for row, values in (("model", scores), *references):
             cells = []
             for metric in ("mae_aggregate_bits", "mae_bits", "kl_bits"):
                 ci = values.get(f"{metric}_ci")
                 cells.append(f"{values[metric]:.5f}" + (f" [{ci[0]:.5f}, {ci[1]:.5f}]" if ci else ""))
-            lines.append(f"{h:>7} {row:<8} " + " ".join(f"{c:>26}" for c in cells))
+            lines.append(f"{h:>7} {row:<13} " + " ".join(f"{c:>26}" for c in cells))
         if "loss_gap_bits" in scores:  # a tunnel whose hidden parameters give a predictive of their own
             lines.append(
                 f"{h:>7} loss gap over the oracle that knows the parameters, bits: model {scores['loss_gap_bits']:.5f}, "

@@ -12,7 +12,11 @@ them, at the scales it offers:
   primitive (:data:`ARCHITECTURE_PRESETS`, :data:`ARCHITECTURE_SCALES`);
 - ``future_work``: the same four on the tunnels of the paper's future work, Laplace
   accumulation (``dirichlet``, ``markov``) and Gaussian filtering (``kalman``)
-  (:data:`FUTURE_WORK_PRESETS`, :data:`FUTURE_WORK_SCALES`).
+  (:data:`FUTURE_WORK_PRESETS`, :data:`FUTURE_WORK_SCALES`);
+- ``model_selection``: the findings of the authors' model-selection paper (arXiv 2607.19379)
+  on the ``model_selection`` tunnel: one class in three symbol modes, two classes compared, and
+  every architecture on the comparison (:data:`MODEL_SELECTION_PRESETS`,
+  :data:`MODEL_SELECTION_SCALES`).
 
 A :class:`Scale` says where a study's presets live (``configs/<scale>/``), the seeds of each,
 the overrides that shrink them, what each run is expected to take and what the scale cuts.
@@ -28,7 +32,7 @@ from pathlib import Path
 
 __all__ = [
     "ARCHITECTURES", "ARCHITECTURE_PRESETS", "ARCHITECTURE_SCALES", "FUTURE_WORK_PRESETS", "FUTURE_WORK_SCALES",
-    "FUTURE_WORK_TUNNELS", "GROUPS", "HISTORY_ANALYSES", "PRESETS",
+    "FUTURE_WORK_TUNNELS", "GROUPS", "HISTORY_ANALYSES", "MODEL_SELECTION_PRESETS", "MODEL_SELECTION_SCALES", "PRESETS",
     "PRESET_NAMES", "PRIMITIVE_TUNNELS", "SCALES", "STUDIES", "AnalysisGroup", "Preset", "Scale", "Study", "configs_folder",
 ]
 
@@ -430,6 +434,94 @@ FUTURE_WORK_SCALES: dict[str, Scale] = {
 }
 
 
+#: The model-selection study (``windtunnel reproduce --only model_selection``; arXiv 2607.19379):
+#: per configuration of ``configs/model_selection``, the symbol modes it is trained in. Involutions
+#: (relational) and rotations and multiplications (arithmetic) in every mode; the comparison of two
+#: classes, involutions against 3-cycles, with integer symbols, by every architecture.
+MODEL_SELECTION_MODES = {
+    "involution": ("integer", "opaque", "fixed"),
+    "rotation": ("integer", "opaque", "fixed"),
+    "multiplication": ("integer", "opaque", "fixed"),
+}
+MODEL_SELECTION_PRESETS = (
+    *(Preset(f"{task}_{mode}", f"{task}_transformer", (f"tunnel.symbols={mode}",))
+      for task, modes in MODEL_SELECTION_MODES.items() for mode in modes),
+    *(Preset(f"classes_{a}", f"classes_{a}") for a in ARCHITECTURES),
+)
+MODEL_SELECTION_GROUPS = (
+    # Each transformer's seeds: its scores with the permutation reference, and relabeling where
+    # it is a symmetry of the task (the analysis says why not elsewhere).
+    *(AnalysisGroup(preset.name, (preset.name,), ("length_generalization", "relabeling"))
+      for preset in MODEL_SELECTION_PRESETS if not preset.name.startswith("classes_")),
+    AnalysisGroup("classes_transformer", ("classes_transformer",), ("length_generalization", "relabeling", "class_posterior")),
+    AnalysisGroup("classes", tuple(f"classes_{a}" for a in ARCHITECTURES), ("model_comparison",)),
+)
+#: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing):
+#: measured on an AMD EPYC (Zen 3).
+CPU_MODEL_SELECTION_EXPECTED_S = {
+    **{f"{task}_{mode}": 150.0 for task in ("involution", "rotation") for mode in MODEL_SELECTION_MODES[task]},
+    **{f"multiplication_{mode}": 290.0 for mode in MODEL_SELECTION_MODES["multiplication"]},
+    "classes_transformer": 360.0, "classes_lstm": 300.0, "classes_mlp": 150.0, "classes_mamba": 3600.0,
+}
+CPU_MODEL_SELECTION_HARDWARE = "2 CPU cores: about 65 minutes on an AVX2 AMD EPYC (Zen 3)"
+CPU_MODEL_SELECTION_CUTS = (
+    "Small domains: involutions and 3-cycles on Z_6, rotations and multiplications on Z_7, every input shown once "
+    "(the paper does not state its sizes; its public sibling experiment works mod 17).",
+    "Transformers of 2 layers, d_model 48, 4 heads (58k parameters) for one class, trained 6,000 steps (rotations, "
+    "involutions) or 12,000 (multiplications: at 6,000 the multiplier's inverse was not found yet); of 3 layers (86k) "
+    "for involutions against 3-cycles, 12,000 steps (2 layers did not learn the comparison); the controls matched to "
+    "it within 1%. Batch 64 at peak learning rate 2e-3 with warm-up and cosine decay, soft targets. The paper: 2.8M "
+    "parameters, AdamW 3e-4, 150k steps.",
+    "Seeds: 3 for every transformer, the LSTM and the MLP, decided on the median with every seed's value shown. "
+    "Mamba is left out at this scale (one run of 12,000 steps would take about an hour of the two cores); the tiny "
+    "and paper scales train it.",
+)
+
+MODEL_SELECTION_SCALES: dict[str, Scale] = {
+    "tiny": Scale(
+        name="tiny",
+        configs="model_selection",
+        seeds={},
+        overrides={"*": _TINY_PRIMITIVES_TRAIN},
+        parallel=2,
+        expected_s={"involution": 5.0, "rotation": 5.0, "multiplication": 5.0, "classes": 6.0},
+        hardware="any machine; about a minute on 2 CPU cores",
+        cuts=ARCHITECTURE_SCALES["tiny"].cuts,
+        meaning=("Tiny scale is a smoke test of the pipeline, not a result: its models train for 60 steps, so its "
+                 "verdicts mean nothing. The claims are judged at cpu scale (`make model-selection`)."),
+    ),
+    "cpu": Scale(
+        name="cpu",
+        configs="model_selection",
+        seeds={preset.name: (0 if preset.name == "classes_mamba" else 3) for preset in MODEL_SELECTION_PRESETS},
+        overrides={},
+        parallel=2,
+        expected_s=CPU_MODEL_SELECTION_EXPECTED_S,
+        hardware=CPU_MODEL_SELECTION_HARDWARE,
+        cuts=CPU_MODEL_SELECTION_CUTS,
+        meaning=("CPU-scale verdicts: 58k-86k-parameter models on Z_6 and Z_7 trained for 6,000-12,000 steps, where "
+                 "the paper's are 2.8M-parameter models trained for 150k steps on larger domains. A verdict here says "
+                 "whether the finding already shows at this size."),
+    ),
+    "paper": Scale(
+        name="paper",
+        configs="model_selection_paper",
+        seeds={preset.name: 3 for preset in MODEL_SELECTION_PRESETS},
+        overrides={},
+        parallel=1,
+        expected_s={preset.name: (6 if preset.name == "classes_mamba" else 2) * 3600.0 for preset in MODEL_SELECTION_PRESETS},
+        hardware="one GPU; on 2 CPU cores about 3 days per run",
+        warmup_steps=6,
+        keep_final_weights_only=True,
+        cuts=("The paper's protocol as its public sibling experiment states it (AdamW 3e-4, batch 64, 150k steps, a "
+              "6-layer, d_model 192 transformer of about 2.8M parameters, loss on the answers only); the domains "
+              "(involutions and 3-cycles on Z_18, rotations and multiplications on Z_17, the sibling's modulus) are "
+              "ours: the paper does not state its own.",),
+        meaning="Paper-scale verdicts: the paper's model size, optimizer and steps; its claims are judged at their own scale.",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Study:
     """What a reproduction trains and analyzes (``windtunnel reproduce --only NAME``), at
@@ -452,6 +544,7 @@ STUDIES = {
         "future_work", FUTURE_WORK_PRESETS, FUTURE_WORK_GROUPS, FUTURE_WORK_SCALES,
         why_not="the paper gives no scale for these tunnels: its presets are CPU-sized only",
     ),
+    "model_selection": Study("model_selection", MODEL_SELECTION_PRESETS, MODEL_SELECTION_GROUPS, MODEL_SELECTION_SCALES),
 }
 
 

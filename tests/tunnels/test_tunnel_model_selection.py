@@ -177,3 +177,77 @@ def test_a_model_trains_on_opaque_symbols_and_the_analyses_that_apply_run(tmp_pa
     assert "which earlier pairs are evidence depends on the class" in skipped["qk_sharpening"]
     for name, path in written.items():
         assert RESULT_TYPES[name].from_json(json.loads(path.read_text())).task_variant.startswith("involution vs three_cycles")
+
+
+def _shown(tunnel: ModelSelectionTunnel, episode, b: int) -> tuple[list[int], list[int]]:
+    """Sequence ``b``'s pairs as the model reads them (symbols, the header skipped)."""
+    pairs = episode.tokens[b, episode.positions[0]:].tolist()
+    return pairs[0::2], [y - tunnel.n for y in pairs[1::2]]
+
+
+@pytest.mark.parametrize("classes", [("involution", "three_cycles"), ("involution",), ("three_cycles", "bijection")])
+@pytest.mark.parametrize("symbols", ["integer", "fixed"])
+def test_a_relabelled_relational_sequence_has_the_posterior_of_counting_what_the_model_reads(classes, symbols):
+    # Without a header the model reads the symbols as values: the relabelled pairs must be ones the
+    # classes make, with the posterior of counting the members consistent with them.
+    tunnel = ModelSelectionTunnel(n=6, classes=classes, L=6, symbols=symbols)
+    generator = torch.Generator().manual_seed(5)
+    episode = tunnel.sample(8, generator=generator)
+    relabelled = tunnel.relabel(episode, torch.stack([torch.randperm(6, generator=generator) for _ in range(8)]))
+    assert not torch.equal(relabelled.tokens, episode.tokens)
+    for b in range(8):
+        inputs, outputs = _shown(tunnel, relabelled, b)
+        answers, class_posterior = _brute_force(tunnel, inputs, outputs)
+        # counting against closed forms: the same rationals, float64 rounding only
+        np.testing.assert_allclose(relabelled.posterior[b].numpy(), answers, atol=1e-12)
+        np.testing.assert_allclose(relabelled.class_posterior[b].numpy(), class_posterior, atol=1e-12)
+
+
+@pytest.mark.parametrize("classes", [("rotation",), ("multiplication", "rotation"), ("involution", "three_cycles")])
+def test_a_relabelled_opaque_sequence_states_its_new_relabelling_and_pushes_the_posterior_through_it(classes):
+    n = 7 if "multiplication" in classes else 6
+    tunnel = ModelSelectionTunnel(n=n, classes=classes, L=n, symbols="opaque")
+    generator = torch.Generator().manual_seed(8)
+    episode = tunnel.sample(6, generator=generator)
+    relabelled = tunnel.relabel(episode, torch.randperm(n, generator=generator))
+    for b in range(6):
+        sigma = relabelled.tokens[b, 1:n + 1].tolist()  # the header's relabelling
+        inverse = {s: v for v, s in enumerate(sigma)}
+        inputs, outputs = _shown(tunnel, relabelled, b)
+        answers, class_posterior = _brute_force(tunnel, [inverse[s] for s in inputs], [inverse[s] for s in outputs])
+        # counting the values the header decodes, then each value's probability on its symbol
+        np.testing.assert_allclose(relabelled.posterior[b].numpy(), answers[:, np.argsort(sigma)], atol=1e-12)
+        np.testing.assert_allclose(relabelled.class_posterior[b].numpy(), class_posterior, atol=1e-12)
+
+
+@pytest.mark.parametrize("symbols", ["integer", "fixed"])
+def test_relabeling_is_ruled_out_for_arithmetic_classes_without_a_header(symbols):
+    from windtunnel.tunnels.capabilities import Relabeling, lacks
+
+    rotations = ModelSelectionTunnel(n=7, classes=("rotation",), L=7, symbols=symbols)
+    episode = rotations.sample(64, generator=torch.Generator().manual_seed(0))
+    # Why it must be: relabelled, most rotation sequences are made by no rotation at all.
+    impossible = 0
+    for b in range(64):
+        sigma = torch.randperm(7, generator=torch.Generator().manual_seed(b)).tolist()
+        inputs = [sigma[x] for x in episode.tokens[b, 0::2].tolist()]
+        outputs = [sigma[y - 7] for y in episode.tokens[b, 1::2].tolist()]
+        impossible += not any(all((x + c) % 7 == y for x, y in zip(inputs, outputs)) for c in range(7))
+    assert impossible > 32
+    assert "rotation" in lacks(rotations, Relabeling)
+    with pytest.raises(ConfigError, match="relabeling does not apply"):
+        rotations.relabel(episode, torch.arange(7))
+    assert lacks(ModelSelectionTunnel(n=7, classes=("rotation",), L=7, symbols="opaque"), Relabeling) is None
+    assert lacks(ModelSelectionTunnel(n=6, classes=("involution",), L=6, symbols=symbols), Relabeling) is None
+
+
+@pytest.mark.parametrize("symbols", ["integer", "opaque"])
+def test_the_permutation_reference_is_counting_every_permutation(symbols):
+    tunnel = ModelSelectionTunnel(n=6, classes=("involution", "three_cycles"), L=6, symbols=symbols)
+    every = ModelSelectionTunnel(n=6, classes=("bijection",), L=6)
+    episode = tunnel.sample(6, generator=torch.Generator().manual_seed(2))
+    reference = tunnel.permutation_predictive(episode)
+    for b in range(6):
+        answers, _ = _brute_force(every, episode.inputs[b].tolist(), episode.outputs[b].tolist())  # all 720 permutations
+        sigma = episode.relabel[b].numpy()
+        np.testing.assert_allclose(reference[b].numpy(), answers[:, np.argsort(sigma)], atol=1e-12)

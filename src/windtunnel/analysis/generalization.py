@@ -56,6 +56,8 @@ def _horizon_summary(runs: Sequence[Run], horizon: int) -> dict[str, Any]:
     summary["curves"] = _mean_curves(scores)
     if "position_wise" in scores[0]:  # the tunnel's closed-form floor of a model that mixes no positions
         summary["position_wise"] = {metric: scores[0]["position_wise"][metric] for metric in METRICS}
+    if "permutation" in scores[0]:  # what the answers being distinct alone tell (model selection)
+        summary["permutation"] = {metric: scores[0]["permutation"][metric] for metric in METRICS}
     return summary
 
 

@@ -38,6 +38,7 @@ from windtunnel.report.folder import (
     load_results,
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
+from windtunnel.report.model_selection import model_selection_sections
 from windtunnel.report.primitives import primitive_sections
 from windtunnel.results import AnalysisResult, Summary
 from windtunnel.results.generalization import HorizonScores
@@ -372,6 +373,14 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
         summary = (
             f"{what} at {manifest.scale} scale: {len(runs)} training runs, each architecture capacity-matched to the "
             "transformer. Each verdict applies the stated criterion to our numbers, beside the published verdict."
+        )
+    elif manifest.study == "model_selection":
+        sections = model_selection_sections(results, out / ANALYSIS_DIR, load_results(out, INIT_DIR), meaning=manifest.meaning)
+        title = "Bayesian wind tunnels for model selection: reproduction report"
+        summary = (
+            f"The findings of 'Bayesian Wind Tunnels for Model Selection' (arXiv 2607.19379) at {manifest.scale} scale: "
+            f"{len(runs)} training runs on functions of Z_n, one class in three symbol modes and two classes compared. "
+            "Each claim applies the stated criterion to our numbers, beside the paper's."
         )
     else:
         sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other,

@@ -145,6 +145,9 @@ class HorizonScores:
         position_wise: the metrics of the exact predictive given one position's token alone,
             the floor of a model that mixes no positions (a tunnel that declares
             ``PositionWiseFloor``; absent otherwise).
+        permutation: the metrics of the exact predictive when the hypothesis is any
+            permutation, the reference of model selection (a tunnel that declares
+            ``PermutationReference``; absent otherwise).
     """
 
     mae_aggregate_bits: Summary
@@ -154,6 +157,7 @@ class HorizonScores:
     prior: Metrics
     curves: Curves
     position_wise: Metrics | None = omitted_when_none()
+    permutation: Metrics | None = omitted_when_none()
 
 
 @dataclass(frozen=True, kw_only=True)

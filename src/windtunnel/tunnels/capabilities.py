@@ -32,6 +32,7 @@ __all__ = [
     "HypothesisClasses",
     "HypothesisTokens",
     "KnownParameters",
+    "PermutationReference",
     "PositionWiseFloor",
     "Relabeling",
     "SymbolTokens",
@@ -134,6 +135,19 @@ class PositionWiseFloor(Protocol):
 
 
 @runtime_checkable
+class PermutationReference(Protocol):
+    """Its hypotheses are permutations of the answers (model selection): the exact predictive
+    when the class is every permutation is the reference of what a reader knows from the
+    answers being distinct alone, without the classes' structure. A model whose error sits
+    there has learned nothing of the class (opaque arithmetic); one at the exact posterior has
+    used all of it."""
+
+    def permutation_predictive(self, episode: Episode) -> Tensor:
+        """``[B, P, C]`` float64: the exact predictive of each answer when the function is any
+        permutation (point masses on seen inputs, else uniform over the unused answers)."""
+
+
+@runtime_checkable
 class HypothesisClasses(Protocol):
     """Its hypotheses come in classes (model selection): the exact class posterior before each
     answer, and each class's own predictive, which the answer's posterior mixes."""
@@ -171,6 +185,7 @@ CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     KnownParameters: ("the predictive given its hidden parameters", ("parameter_predictive",)),
     HypothesisClasses: ("hypothesis classes with an exact class posterior", ("class_names", "class_posterior", "class_predictives")),
     PositionWiseFloor: ("the predictive given one position's token alone", ("position_wise_predictive",)),
+    PermutationReference: ("the predictive when the hypothesis is any permutation", ("permutation_predictive",)),
     ValueInputs: ("observations read as values", ("value_dim",)),
 }
 
@@ -190,11 +205,15 @@ def lacks(tunnel: object, capability: type) -> str | None:
 
     A tunnel may explain an absence in its class attribute ``why_not`` (``{capability name:
     reason}``), e.g. why the HMM has no hypothesis tokens; otherwise the line names what the
-    tunnel would have to define.
+    tunnel would have to define. A tunnel whose own parameters rule out a capability its class
+    declares (model selection: relabeling where the symbols carry arithmetic and no header
+    restates them) says why in its method ``rules_out(capability name) -> str | None``.
     """
-    if declares(tunnel, capability):
-        return None
     name = getattr(tunnel, "name", type(tunnel).__name__)
+    if declares(tunnel, capability):
+        rules_out = getattr(tunnel, "rules_out", None)
+        reason = rules_out(capability.__name__) if rules_out is not None and not isinstance(tunnel, type) else None
+        return f"the {name} tunnel has no {capability.__name__} here: {reason}" if reason else None
     reason = getattr(tunnel, "why_not", {}).get(capability.__name__)
     if reason:
         return f"the {name} tunnel has no {capability.__name__}: {reason}"

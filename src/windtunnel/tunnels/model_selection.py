@@ -55,6 +55,8 @@ __all__ = ["CLASSES", "ModelSelectionEpisode", "ModelSelectionTunnel", "class_si
 
 #: The hypothesis classes, by name.
 CLASSES = ("involution", "three_cycles", "rotation", "multiplication", "bijection")
+#: The classes whose structure is arithmetic on the values (not kept by relabelling them).
+ARITHMETIC = ("rotation", "multiplication")
 #: Symbol modes.
 SYMBOL_MODES = ("integer", "opaque", "fixed")
 
@@ -341,7 +343,13 @@ class ModelSelectionTunnel:
         else:
             inputs = random_permutations(B, n, generator=generator)[:, :L]
         outputs = mapping.gather(1, inputs)
-        relabel = self._relabelling(B, generator)  # [B, n] sigma
+        return self._episode(hypothesis_class, mapping, inputs, outputs, self._relabelling(B, generator))
+
+    def _episode(self, hypothesis_class: Tensor, mapping: Tensor, inputs: Tensor, outputs: Tensor,
+                 relabel: Tensor) -> ModelSelectionEpisode:
+        """The episode that shows the pairs ``(inputs, outputs)`` (integer values) in the symbols
+        ``relabel`` (``[B, n]``, value ``v`` shown as ``relabel[b, v]``), with its exact posteriors."""
+        (B, L), n, device = inputs.shape, self.n, inputs.device
         posterior, class_posterior = self.exact_posteriors(inputs, outputs)
         inverse = relabel.argsort(-1)  # sigma^-1
         posterior = posterior.gather(2, inverse[:, None, :].expand(-1, L, -1))  # P(answer symbol j) = P(y = sigma^-1(j))
@@ -367,8 +375,51 @@ class ModelSelectionTunnel:
             class_posterior=class_posterior,
         )
 
+    @property
+    def n_labels(self) -> int:
+        """A relabelling permutes the ``n`` symbols."""
+        return self.n
+
+    def relabel(self, episode: ModelSelectionEpisode, permutation: Tensor) -> ModelSelectionEpisode:
+        """The same pairs shown in other symbols: value ``v`` shown as ``permutation[sigma(v)]``
+        (``permutation`` ``[n]`` or ``[B, n]``); in ``opaque`` mode the header states the new
+        relabelling. The class posterior is unchanged and the answer's posterior is pushed
+        through ``permutation``.
+
+        That is the exact posterior of what the model reads where the header restates the
+        symbols (``opaque``) or where every class is relational (``involution``,
+        ``three_cycles``, ``bijection``): a relabelled member is a member of the same class
+        (the classes are closed under conjugation), so the relabelled sequence is one the
+        task draws as often. Elsewhere :meth:`rules_out` says why it is not."""
+        if reason := self.rules_out("Relabeling"):
+            raise ConfigError(f"relabeling does not apply: {reason}")
+        B = episode.batch_size
+        pi = permutation.to(episode.relabel.device).expand(B, self.n)
+        return self._episode(episode.hypothesis_class, episode.mapping, episode.inputs, episode.outputs,
+                             pi.gather(1, episode.relabel))
+
+    def rules_out(self, capability: str) -> str | None:
+        """Why this tunnel's parameters rule out a capability its class declares, or None.
+
+        Relabeling is a symmetry of relational classes, not of arithmetic ones: relabelled, a
+        rotation or a multiplication is not one, so without a header that restates the symbols
+        (``integer``, ``fixed``) the relabelled pairs are not ones the task makes, and a model
+        that solves the task must answer differently."""
+        arithmetic = [c for c in self.classes if c in ARITHMETIC]
+        if capability == "Relabeling" and arithmetic and self.symbols != "opaque":
+            return (f"a relabelled {' or '.join(arithmetic)} is no longer one, and {self.symbols} symbols have no "
+                    "header to restate them: the exact posterior changes, so invariance is not what a solver shows")
+        return None
+
+    def permutation_predictive(self, episode: ModelSelectionEpisode) -> Tensor:
+        """``[B, P, n]`` the exact predictive of each answer symbol when the function is any
+        permutation: the reference of what is known without the classes' structure."""
+        every = ModelSelectionTunnel(n=self.n, classes=("bijection",), L=self.L, with_replacement=self.with_replacement)
+        posterior, _ = every.exact_posteriors(episode.inputs, episode.outputs)
+        inverse = episode.relabel.argsort(-1)
+        return posterior.gather(2, inverse[:, None, :].expand(-1, posterior.shape[1], -1))
+
     why_not: ClassVar[dict[str, str]] = {
-        "Relabeling": "its hidden variables are a class and a function, not labels whose permutation keeps the posterior",
         "KnownParameters": "the function fixes every answer: the oracle that knows it has log-loss 0",
         "AttentionCategories": "which earlier pairs are evidence depends on the class: every pair bears on the class posterior",
         "ClosedFormEntropy": "the entropy depends on the pairs seen through the class posterior",
