@@ -355,21 +355,27 @@ _TINY_PRIMITIVES_TRAIN = (
     "eval.bootstrap=100",
 )
 
-ARCHITECTURE_SCALES: dict[str, Scale] = {
-    "tiny": Scale(
+def _tiny_scale(configs: str, expected_s: Mapping[str, float], judged: str) -> Scale:
+    """A study's smoke test: its CPU presets trained for 60 steps (``judged``: where its verdicts
+    are judged instead)."""
+    return Scale(
         name="tiny",
-        configs="primitives",
+        configs=configs,
         seeds={},
         overrides={"*": _TINY_PRIMITIVES_TRAIN},
         parallel=2,
-        expected_s={"bijection": 5.0, "hmm": 5.0, "recall4": 5.0, "recall16": 10.0},
+        expected_s=expected_s,
         hardware="any machine; about a minute on 2 CPU cores",
         cuts=("A smoke test of the pipeline, not a result: the CPU presets trained for 60 steps, 128 held-out "
               "sequences. No number in this report should be read as a finding.",),
-
         meaning=("Tiny scale is a smoke test of the pipeline, not a result: its models train for 60 steps, so its "
-                 "verdicts mean nothing. The table is judged at cpu scale (`make architectures`)."),
-    ),
+                 f"verdicts mean nothing. {judged}"),
+    )
+
+
+ARCHITECTURE_SCALES: dict[str, Scale] = {
+    "tiny": _tiny_scale("primitives", {"bijection": 5.0, "hmm": 5.0, "recall4": 5.0, "recall16": 10.0},
+                        "The table is judged at cpu scale (`make architectures`)."),
     "cpu": Scale(
         name="cpu",
         configs="primitives",
@@ -409,18 +415,8 @@ CPU_FUTURE_WORK_CUTS = (
 )
 
 FUTURE_WORK_SCALES: dict[str, Scale] = {
-    "tiny": Scale(
-        name="tiny",
-        configs="primitives",
-        seeds={},
-        overrides={"*": _TINY_PRIMITIVES_TRAIN},
-        parallel=2,
-        expected_s={"dirichlet": 5.0, "markov": 8.0, "kalman": 6.0},
-        hardware="any machine; about a minute on 2 CPU cores",
-        cuts=ARCHITECTURE_SCALES["tiny"].cuts,
-        meaning=("Tiny scale is a smoke test of the pipeline, not a result: its models train for 60 steps, so its "
-                 "verdicts mean nothing. The table is judged at cpu scale (`make future-work`)."),
-    ),
+    "tiny": _tiny_scale("primitives", {"dirichlet": 5.0, "markov": 8.0, "kalman": 6.0},
+                        "The table is judged at cpu scale (`make future-work`)."),
     "cpu": Scale(
         name="cpu",
         configs="primitives",
@@ -478,18 +474,8 @@ CPU_MODEL_SELECTION_CUTS = (
 )
 
 MODEL_SELECTION_SCALES: dict[str, Scale] = {
-    "tiny": Scale(
-        name="tiny",
-        configs="model_selection",
-        seeds={},
-        overrides={"*": _TINY_PRIMITIVES_TRAIN},
-        parallel=2,
-        expected_s={"involution": 5.0, "rotation": 5.0, "multiplication": 5.0, "classes": 6.0},
-        hardware="any machine; about a minute on 2 CPU cores",
-        cuts=ARCHITECTURE_SCALES["tiny"].cuts,
-        meaning=("Tiny scale is a smoke test of the pipeline, not a result: its models train for 60 steps, so its "
-                 "verdicts mean nothing. The claims are judged at cpu scale (`make model-selection`)."),
-    ),
+    "tiny": _tiny_scale("model_selection", {"involution": 5.0, "rotation": 5.0, "multiplication": 5.0, "classes": 6.0},
+                        "The claims are judged at cpu scale (`make model-selection`)."),
     "cpu": Scale(
         name="cpu",
         configs="model_selection",

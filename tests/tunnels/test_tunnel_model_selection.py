@@ -251,3 +251,34 @@ def test_the_permutation_reference_is_counting_every_permutation(symbols):
         answers, _ = _brute_force(every, episode.inputs[b].tolist(), episode.outputs[b].tolist())  # all 720 permutations
         sigma = episode.relabel[b].numpy()
         np.testing.assert_allclose(reference[b].numpy(), answers[:, np.argsort(sigma)], atol=1e-12)
+
+
+def test_the_permutation_row_of_rotations_is_the_closed_form():
+    from windtunnel.evaluation import EvalSet, evaluate, oracle_predictor
+
+    tunnel = ModelSelectionTunnel(n=7, classes=("rotation",), L=7)
+    scores = evaluate(oracle_predictor, EvalSet.draw(tunnel, horizon=7, n=256, batch_size=128, seed=0), tunnel=tunnel)
+    # Every rotation sequence: a point mass from the second pair on, where the reference is uniform
+    # over the 7 - k + 1 unused answers and the prior over all 7; the first pair is uniform for all.
+    assert scores["permutation"]["kl_bits"] == pytest.approx(math.log2(math.factorial(6)) / 7, abs=1e-12)
+    assert scores["prior"]["kl_bits"] == pytest.approx(6 * math.log2(7) / 7, abs=1e-12)
+
+
+def test_eval_relabel_on_rotations_without_a_header_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from windtunnel.run_config import run_config_from_mapping
+    from windtunnel.training.trainer import train
+
+    config = run_config_from_mapping({
+        "tunnel": {"name": "model_selection", "n": 7, "classes": ["rotation"], "L": 7},
+        "model": {"kind": "transformer", "n_layers": 1, "n_heads": 1, "d_model": 8, "d_mlp": 16},
+        "train": {"steps": 4, "batch_size": 8, "eval_every": 0, "checkpoint_every": 0, "log_every": 2},
+        "eval": {"n": 16, "batch_size": 16, "bootstrap": 2},
+    })
+    train(config, tmp_path / "run", progress=False)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert main(["eval", str(tmp_path / "run"), "--relabel"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--relabel does not apply" in err[0] and "a relabelled rotation is no longer one" in err[0]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    assert "permutation" in capsys.readouterr().out
