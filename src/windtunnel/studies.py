@@ -459,7 +459,7 @@ CPU_MODEL_SELECTION_EXPECTED_S = {
     **{f"multiplication_{mode}": 290.0 for mode in MODEL_SELECTION_MODES["multiplication"]},
     "classes_transformer": 360.0, "classes_lstm": 300.0, "classes_mlp": 150.0, "classes_mamba": 3600.0,
 }
-CPU_MODEL_SELECTION_HARDWARE = "2 CPU cores: about 65 minutes on an AVX2 AMD EPYC (Zen 3)"
+CPU_MODEL_SELECTION_HARDWARE = "2 CPU cores: about an hour on an AVX2 AMD EPYC (Zen 3; 57.5 min measured)"
 CPU_MODEL_SELECTION_CUTS = (
     "Small domains: involutions and 3-cycles on Z_6, rotations and multiplications on Z_7, every input shown once "
     "(the paper does not state its sizes; its public sibling experiment works mod 17).",

@@ -162,6 +162,8 @@ def _median(values: Sequence[float]) -> float:
 
 
 def _range(values: Sequence[float], digits: str = ".3g") -> str:
+    if digits.endswith("%"):  # no "-0%" for a share that rounds to zero from below
+        values = [round(v, 2) + 0.0 for v in values]
     median = _median(values)
     if len(values) == 1:
         return f"{median:{digits}} (1 seed)"
