@@ -321,7 +321,7 @@ CASES: list[Case] = [
     Case("eval", "eval {untrained}", "holds no trained weights yet"),
     Case("eval", "eval {run} --step 7", "--step 7 is not a snapshot"),
     Case("eval", "eval {run} --step -1", "--step -1 is not a snapshot"),
-    Case("eval", "eval {run} --relabel", "--relabel applies to tunnels with hidden states to relabel (hmm), not 'bijection'"),
+    Case("eval", "eval {run} --relabel", "--relabel applies to tunnels with hidden states to relabel (hmm, model_selection), not 'bijection'"),
     Case("eval", "eval {snapshot_truncated}", "is truncated or corrupt"),
     Case("eval", "eval {snapshot_tampered}", "checksum"),
     Case("eval", "eval {snapshot_bad_meta}", "snapshot metadata"),

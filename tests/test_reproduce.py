@@ -193,7 +193,7 @@ def test_the_report_imports_nothing_of_the_reproduction():
         return {name for name in names if name.startswith("windtunnel")}
 
     assert ours(report_build) == {"windtunnel.history", "windtunnel.provenance", "windtunnel.report.claim_types", "windtunnel.report.claims",
-                                  "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.primitives",
+                                  "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.model_selection", "windtunnel.report.primitives",
                                   "windtunnel.results", "windtunnel.results.generalization", "windtunnel.run_layout"}
     assert ours(report_folder) == {"windtunnel.results", "windtunnel.run_layout"}  # the result types and the file names (leaves)
 
