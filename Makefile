@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny architectures future-work model-selection test bench mutate install install-test clean
+.PHONY: run tiny architectures future-work model-selection phases test bench mutate install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ future-work: install
 # of functions on Z_n in three symbol modes, involutions against 3-cycles, into reproduction-model-selection/.
 model-selection: install
 	$(BIN)/windtunnel reproduce --scale cpu --only model_selection --out reproduction-model-selection --resume
+
+# The training phases (docs/reproducing.md, the phases study): when the plateau is left and the frame
+# forms, over depth, width, the hypothesis space's size and training knobs, into reproduction-phases/.
+phases: install
+	$(BIN)/windtunnel reproduce --scale cpu --only phases --out reproduction-phases --resume
 
 # Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
 test: install-test

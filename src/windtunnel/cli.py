@@ -144,8 +144,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="STUDY",
         help="claims (default: the paper's claims), architectures (transformer, Mamba, LSTM and MLP on every "
         "inference primitive; scales tiny and cpu), future_work (the same four on the Laplace and Kalman tunnels; "
-        "scales tiny and cpu) or model_selection (the findings of the authors' model-selection paper; scales tiny, cpu "
-        "and paper)",
+        "scales tiny and cpu), model_selection (the findings of the authors' model-selection paper; scales tiny, cpu "
+        "and paper) or phases (when the plateau is left and the frame forms, over depth, width, hypothesis-space size "
+        "and training knobs; scales tiny and cpu)",
     )
     reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
     reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")

@@ -390,10 +390,12 @@ def _analyze(folder: _Folder, groups: Sequence[tuple[AnalysisGroup, list[Path]]]
         written = analyze_runs(trained, out / ANALYSIS_DIR / group.name, only=only, skip_existing=True, applicable=True,
                                starting=lambda name, i, n: progress.starting(name, i, n, "trained weights"))
         at_init = tuple(name for name in only if name not in HISTORY_ANALYSES)
-        initial = load_runs(run_dirs, step=0)
-        _drop_stale(out / INIT_DIR / group.name, initial, at_init)
-        written_init = analyze_runs(initial, out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True,
-                                    starting=lambda name, i, n: progress.starting(name, i, n, "initial weights"))
+        written_init = {}
+        if at_init:  # a group of history analyses alone has nothing to read at initialization (and `only=()` means all)
+            initial = load_runs(run_dirs, step=0)
+            _drop_stale(out / INIT_DIR / group.name, initial, at_init)
+            written_init = analyze_runs(initial, out / INIT_DIR / group.name, only=at_init, skip_existing=True, applicable=True,
+                                        starting=lambda name, i, n: progress.starting(name, i, n, "initial weights"))
         progress.end_group()
         say(
             f"[analyze] {group.name}: {', '.join(written) or 'nothing applies'}; at initialization "

@@ -25,6 +25,7 @@ This module is data: :mod:`windtunnel.reproduce` plans the runs from it and runs
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -520,6 +521,101 @@ class Study:
     why_not: str = ""  # why the scales it lacks are absent
 
 
+
+
+
+#: Analyses that read a run's training history rather than its weights: not run at initialization.
+HISTORY_ANALYSES = ("training_dynamics", "training_phases")
+
+
+#: The phases study (``windtunnel reproduce --only phases``): when the error leaves its plateau
+#: and when the attention frame forms, across depth, width and the size of the hypothesis space,
+#: and under training knobs. Per tunnel (``configs/phases/<tunnel>.toml``, the grid's centre): the
+#: depth x width plane at the centre's size, the size axis at the centre's depth and width, and
+#: one knob at a time changed at the centre.
+PHASES_DEPTHS = (1, 2, 3)
+PHASES_WIDTHS = (32, 48, 64)  # d_model; 4 heads, so heads of width 8, 12, 16; d_mlp 4 x d_model
+PHASES_SIZES = {
+    "bijection": ("V", (8, 12, 16)),
+    "hmm": ("S", (2, 3, 4)),  # S = M: as many observation symbols as states
+}
+PHASES_CENTRE = {"n_layers": 2, "d_model": 48, "bijection": 12, "hmm": 3}
+#: Training knobs: the value each takes instead of the centre's (``configs/phases``), one at a time.
+PHASES_KNOBS = {
+    "bijection": {"init_std": "model.init_std=0.04", "lr": "train.lr=3e-3", "batch": "train.batch_size=32"},
+    "hmm": {"init_std": "model.init_std=0.02", "lr": "train.lr=2e-3", "batch": "train.batch_size=32"},
+}
+PHASES_SEEDS = 5
+
+
+def _size_overrides(tunnel: str, size: int) -> tuple[str, ...]:
+    if tunnel == "bijection":
+        return (f"tunnel.V={size}", f"tunnel.L={size - 1}")
+    return (f"tunnel.S={size}", f"tunnel.M={size}")
+
+
+def _shape_overrides(n_layers: int, d_model: int) -> tuple[str, ...]:
+    return (f"model.n_layers={n_layers}", f"model.d_model={d_model}", f"model.d_mlp={4 * d_model}")
+
+
+def phases_preset_name(tunnel: str, n_layers: int, d_model: int, size: int, knob: str = "") -> str:
+    """``bijection_L2_d48_V12`` (a grid point); ``hmm_L2_d48_S3_lr`` (a knob changed at the centre)."""
+    letter = PHASES_SIZES[tunnel][0]
+    return f"{tunnel}_L{n_layers}_d{d_model}_{letter}{size}" + (f"_{knob}" if knob else "")
+
+
+def _phases_presets() -> tuple[Preset, ...]:
+    presets = []
+    for tunnel, (_, sizes) in PHASES_SIZES.items():
+        centre = PHASES_CENTRE[tunnel]
+        points = [(n, d, centre) for n in PHASES_DEPTHS for d in PHASES_WIDTHS]
+        points += [(PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], s) for s in sizes if s != centre]
+        for n, d, s in points:
+            presets.append(Preset(phases_preset_name(tunnel, n, d, s), tunnel, (*_shape_overrides(n, d), *_size_overrides(tunnel, s))))
+        n, d = PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"]
+        for knob, override in PHASES_KNOBS[tunnel].items():
+            presets.append(Preset(phases_preset_name(tunnel, n, d, centre, knob), tunnel,
+                                  (*_shape_overrides(n, d), *_size_overrides(tunnel, centre), override)))
+    return tuple(presets)
+
+
+PHASES_PRESETS = _phases_presets()
+PHASES_GROUPS = tuple(AnalysisGroup(p.name, (p.name,), ("training_phases",)) for p in PHASES_PRESETS)
+#: Wall seconds per run, two single-threaded runs side by side (for the ETA and for packing):
+#: measured on an AMD EPYC (Zen 3).
+CPU_PHASES_EXPECTED_S = {"bijection": 35.0, "hmm": 45.0}
+PHASES_CUTS = (
+    "Transformers of 1-3 layers, d_model 32-64 (4 heads), 20k-150k parameters, trained for 1,200 (bijection) and "
+    "1,500 (HMM) steps of batch 64 at a constant learning rate after 100 warm-up steps, soft targets: far from the "
+    "paper's 2.7M-7.1M parameters and 100k steps. The phases measured are those of these models.",
+    "Small tunnels: the bijection at V = 8, 12, 16; the HMM with S = M = 2, 3, 4 and K = 12 (the paper: 5, 5, 20), "
+    "its header on the 0.05 grid. Depth and width are crossed at the centre's size (V = 12, S = 3); the size is "
+    "varied at the centre's depth and width (2 layers, d_model 48); each knob is changed alone at the centre.",
+    f"{PHASES_SEEDS} seeds per configuration; every number is given as the median with the seeds' range.",
+)
+
+PHASES_SCALES: dict[str, Scale] = {
+    # The tiny scale keeps evaluations every 10 steps: the phases are read from them.
+    "tiny": dataclasses.replace(
+        _tiny_scale("phases", {"bijection": 4.0, "hmm": 5.0}, "The phases are measured at cpu scale (`make phases`)."),
+        overrides={"*": (*_TINY_PRIMITIVES_TRAIN, "train.eval_every=10")},
+    ),
+    "cpu": Scale(
+        name="cpu",
+        configs="phases",
+        seeds={preset.name: PHASES_SEEDS for preset in PHASES_PRESETS},
+        overrides={},
+        parallel=2,
+        expected_s=CPU_PHASES_EXPECTED_S,
+        hardware="2 CPU cores: about an hour on an AVX2 AMD EPYC (Zen 3)",
+        cuts=PHASES_CUTS,
+        meaning=("A measurement across small CPU-trained transformers, not a claim of the paper: how the plateau exit, "
+                 "the frame's formation and the final geometry move with depth, width, the size of the hypothesis "
+                 "space and three training knobs."),
+    ),
+}
+
+
 STUDIES = {
     "claims": Study("claims", PRESETS, GROUPS, SCALES),
     "architectures": Study(
@@ -531,9 +627,8 @@ STUDIES = {
         why_not="the paper gives no scale for these tunnels: its presets are CPU-sized only",
     ),
     "model_selection": Study("model_selection", MODEL_SELECTION_PRESETS, MODEL_SELECTION_GROUPS, MODEL_SELECTION_SCALES),
+    "phases": Study(
+        "phases", PHASES_PRESETS, PHASES_GROUPS, PHASES_SCALES,
+        why_not="the phases are a property of small models trained on CPUs: the study has no paper-scale presets",
+    ),
 }
-
-
-
-#: Analyses that read a run's training history rather than its weights: not run at initialization.
-HISTORY_ANALYSES = ("training_dynamics",)

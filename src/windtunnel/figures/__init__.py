@@ -49,4 +49,4 @@ def save(fig: plt.Figure, path: Path, *, tight: bool = True, **savefig_options: 
 
 
 # Importing the plotting modules registers their figures.
-from windtunnel.figures import ablation, calibration, dynamics, generalization, geometry  # noqa: E402, F401  isort: skip
+from windtunnel.figures import ablation, calibration, dynamics, generalization, geometry, phases  # noqa: E402, F401  isort: skip

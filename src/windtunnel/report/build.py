@@ -39,6 +39,7 @@ from windtunnel.report.folder import (
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.model_selection import model_selection_sections
+from windtunnel.report.phases import phases_sections
 from windtunnel.report.primitives import primitive_sections
 from windtunnel.results import AnalysisResult, Summary
 from windtunnel.results.generalization import HorizonScores
@@ -381,6 +382,14 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
             f"The findings of 'Bayesian Wind Tunnels for Model Selection' (arXiv 2607.19379) at {manifest.scale} scale: "
             f"{len(runs)} training runs on functions of Z_n, one class in three symbol modes and two classes compared. "
             "Each claim applies the stated criterion to our numbers, beside the paper's."
+        )
+    elif manifest.study == "phases":
+        sections = phases_sections(results, out / ANALYSIS_DIR, out / REPORT_DIR / "phases", meaning=manifest.meaning)
+        title = "When the frame forms: the training phases across depth, width and the hypothesis space"
+        summary = (
+            f"A measurement at {manifest.scale} scale, beyond the paper (its future work): {len(runs)} training runs of small "
+            "transformers on the bijection and the HMM, over depth, width and the size of the hypothesis space and under "
+            "three training knobs, each configuration over several seeds."
         )
     else:
         sections = _claims_sections(out, results, manifest.scale, runs, pending=bool(manifest.not_yet_run), beside=other,

@@ -32,7 +32,7 @@ __all__ = [
 
 
 #: The studies a report can be built for (``studies.STUDIES``; the report imports no plan).
-STUDY_NAMES = ("claims", "architectures", "future_work", "model_selection")
+STUDY_NAMES = ("claims", "architectures", "future_work", "model_selection", "phases")
 #: The stages of a reproduction whose analyses are all written: its report can be built.
 REPORTABLE_STAGES = ("report", "done")
 

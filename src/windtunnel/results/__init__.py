@@ -7,7 +7,7 @@ these types (:meth:`windtunnel.analysis.Analysis.run`) and the report reads them
 (:func:`windtunnel.report.folder.load_results`); this package imports nothing else of windtunnel.
 """
 
-from windtunnel.results import ablation, attention, calibration, classes, dynamics, generalization, keys, manifold, probes  # noqa: F401  (registers the types)
+from windtunnel.results import ablation, attention, calibration, classes, dynamics, generalization, keys, manifold, phases, probes  # noqa: F401  (registers the types)
 from windtunnel.results.base import (
     RESULT_TYPES,
     AnalysisResult,
