@@ -193,7 +193,7 @@ def test_the_report_imports_nothing_of_the_reproduction():
         return {name for name in names if name.startswith("windtunnel")}
 
     assert ours(report_build) == {"windtunnel.history", "windtunnel.provenance", "windtunnel.report.claim_types", "windtunnel.report.claims",
-                                  "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.model_selection", "windtunnel.report.primitives",
+                                  "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.model_selection", "windtunnel.report.phases", "windtunnel.report.primitives",
                                   "windtunnel.results", "windtunnel.results.generalization", "windtunnel.run_layout"}
     assert ours(report_folder) == {"windtunnel.results", "windtunnel.run_layout"}  # the result types and the file names (leaves)
 
@@ -449,3 +449,23 @@ def test_a_results_folder_keeps_no_weights_and_renders_the_reports_tables(tiny, 
 
     assert claim_table(page) == claim_table(report)
     assert "- **how:** two cores, nothing else running\n" in page and "figures/" not in page
+
+
+def test_a_group_of_history_analyses_alone_is_not_analyzed_at_initialization(tmp_path, monkeypatch):
+    """The initial weights have no history: a group that asks only for history analyses (the
+    phases study's) gets none at initialization, rather than every analysis (``only=()`` means all)."""
+    import windtunnel.analysis as analysis_package
+    import windtunnel.analysis.runner as runner
+    from windtunnel.reproduce import _analyze, _Folder
+    from windtunnel.studies import STUDIES, AnalysisGroup
+
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(analysis_package, "load_runs", lambda dirs, step=None: [])
+    monkeypatch.setattr(runner, "analyze_runs", lambda runs, folder, only=(), **_: calls.append((folder.parent.name, tuple(only))) or {})
+    study = STUDIES["phases"]
+    folder = _Folder(tmp_path, study, study.scales["tiny"], "cmd", runs=(), planned=(), spent_s=0.0)
+    groups = [(AnalysisGroup("g", ("p",), ("training_phases",)), [tmp_path / "run"]),
+              (AnalysisGroup("h", ("p",), ("training_phases", "calibration")), [tmp_path / "run"])]
+    _analyze(folder, groups, lambda line: None)
+    assert calls == [("analysis", ("training_phases",)), ("analysis", ("training_phases", "calibration")),
+                     ("analysis_at_init", ("calibration",))]

@@ -44,8 +44,10 @@ from windtunnel.analysis.dynamics import _has_history, training_dynamics
 from windtunnel.analysis.keys import expected_abs_cosine
 from windtunnel.history import read_metrics
 
-__all__ = ["DISSOCIATION_FACTOR", "LEFT_FACTOR", "dissociates", "log_log_slope", "plateau_exit"]
+__all__ = ["DISSOCIATION_FACTOR", "LEFT_FACTOR", "MIN_EVALUATIONS", "dissociates", "log_log_slope", "plateau_exit"]
 
+#: Held-out evaluations a run's history needs for its error curve to be read.
+MIN_EVALUATIONS = 3
 #: A run has left its plateau when its final error is at least this many times below it.
 LEFT_FACTOR = 4.0
 #: The frame-precision dissociation holds in a run when the error at the frame step is at
@@ -135,8 +137,6 @@ def _geometry(run: Run) -> dict[str, Any]:
 def _phases_of_run(run: Run) -> dict[str, Any]:
     config = run.config
     evals = [r for r in read_metrics(run.directory) if "eval_mae_bits" in r]
-    if not evals:
-        raise ValueError(f"{run.directory.name} has no held-out evaluations in its history (train.eval_every = 0?)")
     steps = [int(r["step"]) for r in evals]
     errors = [float(r["eval_mae_bits"]) for r in evals]
     exit_ = plateau_exit(steps, errors, config.train.warmup_steps)
@@ -174,6 +174,11 @@ def _phases_of_run(run: Run) -> dict[str, Any]:
 def _requires(runs: Sequence[Run]) -> str | None:
     if not runs[0].model.attention_heads:
         return "it reads when attention settles, and these models have none"
+    # A curve needs points: the final evaluation alone (train.eval_every = 0) has no plateau to leave.
+    few = [run.directory.name for run in runs if sum("eval_mae_bits" in r for r in read_metrics(run.directory)) < MIN_EVALUATIONS]
+    if few:
+        return (f"it reads the held-out error over training, and {few[0]} has fewer than {MIN_EVALUATIONS} evaluations "
+                "(train.eval_every = 0, or too large)")
     return _has_history(runs)
 
 

@@ -39,7 +39,7 @@ from windtunnel.report.folder import (
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.model_selection import model_selection_sections
-from windtunnel.report.phases import phases_sections
+from windtunnel.report.phases import knob_settings, phases_sections
 from windtunnel.report.primitives import primitive_sections
 from windtunnel.results import AnalysisResult, Summary
 from windtunnel.results.generalization import HorizonScores
@@ -384,7 +384,8 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
             "Each claim applies the stated criterion to our numbers, beside the paper's."
         )
     elif manifest.study == "phases":
-        sections = phases_sections(results, out / ANALYSIS_DIR, out / REPORT_DIR / "phases", meaning=manifest.meaning)
+        settings = knob_settings({run.preset: run.run_dir for run in reversed(runs)})  # each preset's first seed
+        sections = phases_sections(results, out / ANALYSIS_DIR, out / REPORT_DIR / "phases", settings, meaning=manifest.meaning)
         title = "When the frame forms: the training phases across depth, width and the hypothesis space"
         summary = (
             f"A measurement at {manifest.scale} scale, beyond the paper (its future work): {len(runs)} training runs of small "

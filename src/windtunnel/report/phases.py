@@ -17,14 +17,19 @@ phases and draws:
   had to fall by the stated factor, per configuration and overall.
 
 Seeds are never averaged into one curve without their spread beside it. It reads saved
-results only.
+results only: the grid from the groups' names (``hmm_L2_d48_S3``, a knob changed at the centre
+``hmm_L2_d48_S3_lr``, as the study names its presets) and each knob's value from the runs' saved
+configs (:func:`knob_settings`).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +40,84 @@ from windtunnel.figures import save
 from windtunnel.report.html import Figure, Section, Table
 from windtunnel.results import AnalysisResult
 from windtunnel.results.phases import PhaseRun, TrainingPhases
-from windtunnel.studies import PHASES_CENTRE, PHASES_DEPTHS, PHASES_KNOBS, PHASES_SIZES, PHASES_WIDTHS, phases_preset_name
+from windtunnel.run_layout import CONFIG_FILE
 
-__all__ = ["BOOTSTRAP_SAMPLES", "median_shift", "phases_sections"]
+__all__ = ["BOOTSTRAP_SAMPLES", "KNOB_SETTINGS", "Grid", "dissociation_summary", "knob_settings", "median_shift", "parse_grid", "phases_sections"]
+
+#: The training settings a knob can change, as ``section.key`` of a run's saved config.
+KNOB_SETTINGS = ("model.init_std", "train.lr", "train.batch_size")
+_NAME = re.compile(r"^(?P<tunnel>[a-z]+)_L(?P<n_layers>\d+)_d(?P<d_model>\d+)_(?P<letter>[A-Z])(?P<size>\d+)(?:_(?P<knob>\w+))?$")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One tunnel's configurations in a phases reproduction, read from its group names.
+
+    Attributes:
+        tunnel: the tunnel's name; letter: its size parameter (``V``, ``S``).
+        points: ``{(n_layers, d_model, size): group}`` of the configurations without a knob changed.
+        knobs: ``{knob: group}`` of the centre with one knob changed.
+        centre: ``(n_layers, d_model, size)`` the knobs are changed at (the depth x width plane is
+            at its size; the size axis at its depth and width).
+    """
+
+    tunnel: str
+    letter: str
+    points: dict[tuple[int, int, int], str]
+    knobs: dict[str, str]
+    centre: tuple[int, int, int]
+
+    def depths(self) -> list[int]:
+        return sorted({n for n, _, _ in self.points})
+
+    def widths(self) -> list[int]:
+        return sorted({d for _, d, _ in self.points})
+
+    def sizes(self) -> list[int]:
+        n, d, _ = self.centre
+        return sorted({s for pn, pd, s in self.points if (pn, pd) == (n, d)})
+
+
+def knob_settings(run_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """Per group, the :data:`KNOB_SETTINGS` of the saved config in its run directory (one seed's:
+    seeds differ in nothing else); a group whose config is unreadable is left out."""
+    settings = {}
+    for group, run_dir in run_dirs.items():
+        try:
+            config = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
+            settings[group] = {key: config[key.split(".")[0]][key.split(".")[1]] for key in KNOB_SETTINGS}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return settings
+
+
+def parse_grid(names: Sequence[str]) -> list[Grid]:
+    """The grids of the phases groups among ``names``, per tunnel in first-seen order; the centre is
+    where the knobs are changed, else the median depth, width and size."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in names:
+        match = _NAME.match(name)
+        if not match:
+            continue
+        tunnel = match["tunnel"]
+        entry = found.setdefault(tunnel, {"letter": match["letter"], "points": {}, "knobs": {}, "knob_at": None})
+        point = (int(match["n_layers"]), int(match["d_model"]), int(match["size"]))
+        if match["knob"]:
+            entry["knobs"][match["knob"]] = name
+            entry["knob_at"] = point
+        else:
+            entry["points"][point] = name
+    grids = []
+    for tunnel, entry in found.items():
+        points = entry["points"]
+
+        def middle(i: int) -> int:
+            values = sorted({p[i] for p in points}) or [0]
+            return values[(len(values) - 1) // 2]
+
+        centre = entry["knob_at"] or (middle(0), middle(1), middle(2))
+        grids.append(Grid(tunnel, entry["letter"], points, entry["knobs"], centre))
+    return grids
 
 #: Resamples of the seeds for the interval of a median shift.
 BOOTSTRAP_SAMPLES = 2000
@@ -78,16 +158,19 @@ def _left(runs: Sequence[PhaseRun]) -> str:
     return f"{sum(run.left_plateau for run in runs)}/{len(runs)}"
 
 
-def _heatmaps(tunnel: str, grid: Mapping[tuple[int, int], TrainingPhases], path: Path) -> None:
-    """Exit step, frame step and final mae_bits over depth x width: medians, annotated with the range."""
+def _heatmaps(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], path: Path) -> None:
+    """Exit step, frame step and final mae_bits over depth x width at the centre's size: medians,
+    annotated with the range and how many seeds have the value."""
+    depths, widths, size = grid.depths(), grid.widths(), grid.centre[2]
     fields = (("exit_step", "plateau exit step", "{:.0f}"), ("frame_step", "frame formed (step)", "{:.0f}"),
               ("final_mae_bits", "final mae_bits", "{:.2g}"))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
     for ax, (field, title, fmt) in zip(axes, fields):
-        medians = np.full((len(PHASES_DEPTHS), len(PHASES_WIDTHS)), np.nan)
-        for i, depth in enumerate(PHASES_DEPTHS):
-            for j, width in enumerate(PHASES_WIDTHS):
-                result = grid.get((depth, width))
+        medians = np.full((len(depths), len(widths)), np.nan)
+        for i, depth in enumerate(depths):
+            for j, width in enumerate(widths):
+                name = grid.points.get((depth, width, size))
+                result = _phases(results, name) if name else None
                 values = _values(result.runs, field) if result else []
                 if values:
                     medians[i, j] = statistics.median(values)
@@ -98,22 +181,26 @@ def _heatmaps(tunnel: str, grid: Mapping[tuple[int, int], TrainingPhases], path:
         shown = np.log10(medians) if field == "final_mae_bits" else medians
         image = ax.imshow(np.ma.masked_invalid(shown), cmap="viridis_r", aspect="auto", alpha=0.6)
         fig.colorbar(image, ax=ax, fraction=0.046, label=("log10 " if field == "final_mae_bits" else "") + title)
-        ax.set_xticks(range(len(PHASES_WIDTHS)), [f"d {w}" for w in PHASES_WIDTHS])
-        ax.set_yticks(range(len(PHASES_DEPTHS)), [f"{d} layer{'s' if d > 1 else ''}" for d in PHASES_DEPTHS])
+        ax.set_xticks(range(len(widths)), [f"d {w}" for w in widths])
+        ax.set_yticks(range(len(depths)), [f"{d} layer{'s' if d > 1 else ''}" for d in depths])
         ax.set_title(title, fontsize=9)
-    fig.suptitle(f"{tunnel}: median over seeds [range], seeds that have the value", fontsize=10)
+    fig.suptitle(f"{grid.tunnel} at {grid.letter} = {size}: median over seeds [range], seeds that have the value", fontsize=10)
     save(fig, path)
 
 
-def _size_axis(tunnel: str, sizes: Mapping[int, TrainingPhases], path: Path) -> None:
+def _size_axis(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], path: Path) -> None:
     """Every seed's exit step, frame step, final error and final geometry against the size."""
-    letter = PHASES_SIZES[tunnel][0]
+    n, d, _ = grid.centre
     panels = (("exit_step", "plateau exit step"), ("frame_step", "frame formed (step)"), ("final_mae_bits", "final mae_bits"),
               ("key_cos_layer0", "layer-0 key mean |cos|"), ("pc1_variance_explained", "residual PC1 share"),
               ("pc1_entropy_spearman_abs", "|Spearman ρ| (PC1, H_Bayes)"))
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.4))
+    sizes = grid.sizes()
     for ax, (field, title) in zip(axes.flat, panels):
-        for size, result in sorted(sizes.items()):
+        for size in sizes:
+            result = _phases(results, grid.points[(n, d, size)])
+            if result is None:
+                continue
             values = _values(result.runs, field)
             ax.plot([size] * len(values), values, "o", color="#4c72b0", alpha=0.6, ms=5)
             if values:
@@ -122,32 +209,12 @@ def _size_axis(tunnel: str, sizes: Mapping[int, TrainingPhases], path: Path) -> 
                 ax.plot([size - 0.4, size + 0.4], [result.runs[0].key_cos_chance] * 2, color="grey", ls=":", lw=1.5)
         if field == "final_mae_bits":
             ax.set_yscale("log")
-        ax.set_xticks(sorted(sizes))
-        ax.set_xlabel(letter)
+        ax.set_xticks(sizes)
+        ax.set_xlabel(grid.letter)
         ax.set_title(title + (" (dotted: chance)" if field == "key_cos_layer0" else ""), fontsize=9)
-    fig.suptitle(f"{tunnel}: each seed (dots) and the median (bar), against {letter}", fontsize=10)
+    fig.suptitle(f"{grid.tunnel} ({n} layers, d_model {d}): each seed (dots) and the median (bar), against {grid.letter}",
+                 fontsize=10)
     save(fig, path)
-
-
-def _grid_table(tunnel: str, results: Mapping[str, Mapping[str, AnalysisResult]]) -> Table:
-    rows = []
-    letter, sizes = PHASES_SIZES[tunnel]
-    centre = PHASES_CENTRE[tunnel]
-    points = [(n, d, centre) for n in PHASES_DEPTHS for d in PHASES_WIDTHS]
-    points += [(PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], s) for s in sizes if s != centre]
-    for n, d, s in points:
-        result = _phases(results, phases_preset_name(tunnel, n, d, s))
-        if result is None:
-            rows.append([n, d, s, "not run", None, None, None, None, None])
-            continue
-        runs = result.runs
-        rows.append([n, d, s, _left(runs), _median_range(_values(runs, "exit_step"), "{:.0f}"),
-                     _median_range(_values(runs, "frame_step"), "{:.0f}"), _median_range(_values(runs, "slope_after_exit"), "{:.2f}"),
-                     _median_range(_values(runs, "final_kl_bits")), _dissociation_cell(runs)])
-    return Table(["layers", "d_model", letter, "left plateau", "exit step", "frame step", "slope after exit",
-                  "final kl_bits", "dissociation"], rows,
-                 caption="Median over seeds [min, max]; a seed that never left its plateau has no exit step, one whose "
-                         "attention never settled no frame step. Slope: of log10 mae_bits on log10 step after the exit.")
 
 
 def _dissociation_cell(runs: Sequence[PhaseRun]) -> str:
@@ -155,95 +222,126 @@ def _dissociation_cell(runs: Sequence[PhaseRun]) -> str:
     return f"{sum(judged)}/{len(judged)}" if judged else "no frame"
 
 
-def _knob_table(tunnel: str, results: Mapping[str, Mapping[str, AnalysisResult]]) -> Table | None:
-    n, d, centre = PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], PHASES_CENTRE[tunnel]
-    base = _phases(results, phases_preset_name(tunnel, n, d, centre))
-    if base is None:
+def _grid_table(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]]) -> Table:
+    rows = []
+    for (n, d, size), name in sorted(grid.points.items(), key=lambda item: (item[0][2] != grid.centre[2], item[0])):
+        result = _phases(results, name)
+        if result is None:
+            rows.append([n, d, size, "not analyzed", None, None, None, None, None])
+            continue
+        runs = result.runs
+        rows.append([n, d, size, _left(runs), _median_range(_values(runs, "exit_step"), "{:.0f}"),
+                     _median_range(_values(runs, "frame_step"), "{:.0f}"), _median_range(_values(runs, "slope_after_exit"), "{:.2f}"),
+                     _median_range(_values(runs, "final_kl_bits")), _dissociation_cell(runs)])
+    return Table(["layers", "d_model", grid.letter, "left plateau", "exit step", "frame step", "slope after exit",
+                  "final kl_bits", "dissociation"], rows,
+                 caption="Median over seeds [min, max]; a seed that never left its plateau has no exit step, one whose "
+                         "attention never settled (or never moved from its initial pattern) no frame step. Slope: of "
+                         "log10 mae_bits on log10 step after the exit. Dissociation: runs where it holds / runs with a frame.")
+
+
+def _setting_text(settings: Mapping[str, Any] | None, knob: str) -> str:
+    """``knob`` and, where the saved configs say, the setting it changed: ``lr: train.lr 2e-3 (centre 5e-3)``."""
+    if not settings:
+        return knob
+    return f"{knob}: {settings['changed']}"
+
+
+def _knob_table(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]],
+                settings: Mapping[str, Mapping[str, Any]]) -> Table | None:
+    base = _phases(results, grid.points.get(grid.centre, ""))
+    if base is None or not grid.knobs:
         return None
     base_exits = _values(base.runs, "exit_step")
-    rows: list[list[Any]] = [["centre (none changed)", _left(base.runs), _median_range(base_exits, "{:.0f}"), None, None]]
-    for knob, override in PHASES_KNOBS[tunnel].items():
-        changed = _phases(results, phases_preset_name(tunnel, n, d, centre, knob))
+    rows: list[list[Any]] = [["centre (nothing changed)", _left(base.runs), _median_range(base_exits, "{:.0f}"), None, None]]
+    for knob, name in grid.knobs.items():
+        changed = _phases(results, name)
+        label = _setting_text(_changed_setting(settings.get(grid.points[grid.centre]), settings.get(name)), knob)
         if changed is None:
-            rows.append([override, "not run", None, None, None])
+            rows.append([label, "not analyzed", None, None, None])
             continue
         exits = _values(changed.runs, "exit_step")
         if base_exits and exits:
             shift, low, high = median_shift(base_exits, exits)
-            moved = "earlier" if high < 0 else "later" if low > 0 else "no shift outside the interval"
-            rows.append([override, _left(changed.runs), _median_range(exits, "{:.0f}"), f"{shift:+.0f} [{low:+.0f}, {high:+.0f}]", moved])
+            moved = "earlier" if high < 0 else "later" if low > 0 else "no shift beyond the interval"
+            rows.append([label, _left(changed.runs), _median_range(exits, "{:.0f}"), f"{shift:+.0f} [{low:+.0f}, {high:+.0f}]", moved])
         else:
-            rows.append([override, _left(changed.runs), _median_range(exits, "{:.0f}"), None, "too few exits to compare"])
+            rows.append([label, _left(changed.runs), _median_range(exits, "{:.0f}"), None, "too few exits to compare"])
     return Table(["knob (changed at the centre)", "left plateau", "exit step", "median shift [95% CI]", "reading"], rows,
                  caption="Exit step: median over the seeds that left [min, max]. The shift of the median against the centre's, "
                          f"with a {BOOTSTRAP_SAMPLES}-sample percentile bootstrap over seeds; a seed that never left is "
-                         "not in the medians, so compare the 'left plateau' counts too.")
+                         "not in the medians, so read the 'left plateau' counts beside it.")
+
+
+def _changed_setting(centre: Mapping[str, Any] | None, knob: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The setting that differs between the centre's saved config and the knob's, in words."""
+    if not centre or not knob:
+        return None
+    differ = [key for key in KNOB_SETTINGS if centre.get(key) != knob.get(key)]
+    if not differ:
+        return None
+    return {"changed": "; ".join(f"{key} {knob[key]:g} (centre {centre[key]:g})" for key in differ)}
 
 
 def dissociation_summary(results: Mapping[str, Mapping[str, AnalysisResult]]) -> dict[str, tuple[int, int, int, int]]:
     """Per tunnel: (runs where the dissociation holds, runs with a frame step, runs whose frame formed
     at or before their exit, runs with both a frame and an exit step)."""
     summary: dict[str, tuple[int, int, int, int]] = {}
-    for tunnel in PHASES_SIZES:
-        found = [_phases(results, name) for name in results if name.startswith(f"{tunnel}_")]
-        runs = [run for result in found if result is not None for run in result.runs]
+    for grid in parse_grid(list(results)):
+        names = [*grid.points.values(), *grid.knobs.values()]
+        runs = [run for name in names if (result := _phases(results, name)) is not None for run in result.runs]
         judged = [run.dissociation for run in runs if run.dissociation is not None]
         ordered = [run.frame_before_exit for run in runs if run.frame_before_exit is not None]
-        summary[tunnel] = (sum(judged), len(judged), sum(ordered), len(ordered))
+        summary[grid.tunnel] = (sum(judged), len(judged), sum(ordered), len(ordered))
     return summary
 
 
 def phases_sections(results: Mapping[str, Mapping[str, AnalysisResult]], analysis_dir: Path, figures_dir: Path,
-                    *, meaning: str = "") -> list[Section]:
+                    settings: Mapping[str, Mapping[str, Any]] | None = None, *, meaning: str = "") -> list[Section]:
     """The report's sections: per tunnel the phase diagrams, the size axis, the grid table and the
-    knobs; then the dissociation across the grid. ``figures_dir`` receives the diagrams."""
+    knobs; then the dissociation across the grid. ``settings``: per group, the :data:`KNOB_SETTINGS`
+    of its runs' saved config (to name what each knob changed). ``figures_dir`` receives the diagrams."""
     figures_dir.mkdir(parents=True, exist_ok=True)
+    settings = settings or {}
     sections = []
-    for tunnel, (letter, sizes) in PHASES_SIZES.items():
-        centre = PHASES_CENTRE[tunnel]
-        grid = {(n, d): r for n in PHASES_DEPTHS for d in PHASES_WIDTHS
-                if (r := _phases(results, phases_preset_name(tunnel, n, d, centre))) is not None}
-        by_size = {s: r for s in sizes
-                   if (r := _phases(results, phases_preset_name(tunnel, PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], s))) is not None}
-        if not grid and not by_size:
-            continue
+    for grid in parse_grid(list(results)):
+        n, d, size = grid.centre
         figures = []
-        if grid:
-            _heatmaps(tunnel, grid, figures_dir / f"{tunnel}_depth_width.png")
-            figures.append(Figure(figures_dir / f"{tunnel}_depth_width.png", f"{tunnel}: depth x width at {letter} = {centre}",
+        if len(grid.depths()) > 1 or len(grid.widths()) > 1:
+            _heatmaps(grid, results, figures_dir / f"{grid.tunnel}_depth_width.png")
+            figures.append(Figure(figures_dir / f"{grid.tunnel}_depth_width.png", f"{grid.tunnel}: depth x width at {grid.letter} = {size}",
                                   "Median over seeds, with the range and the number of seeds that have the value."))
-        if by_size:
-            _size_axis(tunnel, by_size, figures_dir / f"{tunnel}_size.png")
-            figures.append(Figure(figures_dir / f"{tunnel}_size.png", f"{tunnel}: against {letter} (2 layers, d_model 48)",
+        if len(grid.sizes()) > 1:
+            _size_axis(grid, results, figures_dir / f"{grid.tunnel}_size.png")
+            figures.append(Figure(figures_dir / f"{grid.tunnel}_size.png", f"{grid.tunnel}: against {grid.letter} ({n} layers, d_model {d})",
                                   "Every seed; the bar is the median. The dotted line is the mean |cos| of random keys of the head width."))
-        centre_name = phases_preset_name(tunnel, PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], centre)
-        curve = analysis_dir / centre_name / "training_phases.png"
-        if curve.is_file():
-            figures.append(Figure(curve, f"{tunnel}: the centre's seeds", "Each seed's held-out error; circle: exit; triangle: frame formed."))
-        tables = [_grid_table(tunnel, results)]
-        knobs = _knob_table(tunnel, results)
+        curve = analysis_dir / grid.points.get(grid.centre, "") / "training_phases.png"
+        if grid.centre in grid.points and curve.is_file():
+            figures.append(Figure(curve, f"{grid.tunnel}: the centre's seeds", "Each seed's held-out error; circle: exit; triangle: frame formed."))
+        tables = [_grid_table(grid, results)]
+        knobs = _knob_table(grid, results, settings)
         if knobs is not None:
             tables.append(knobs)
         sections.append(Section(
-            f"Phases of the {tunnel} tunnel",
+            f"Phases of the {grid.tunnel} tunnel",
             "When each run's held-out error leaves its plateau (half of the way down to its final error on a log scale), "
             "when its attention frame forms (the attention stays within the threshold of the final model's), how fast "
             "the error falls after, and the final error, over depth x width and the size of the hypothesis space; "
-            "then three training knobs changed one at a time at the centre of the grid.",
+            "then training knobs changed one at a time at the centre of the grid.",
             note=meaning if not sections else "", figures=figures, tables=tables))
     summary = dissociation_summary(results)
     factors = sorted({result.dissociation_factor for name in results if (result := _phases(results, name)) is not None})
     rows = [[tunnel, f"{held}/{judged}", f"{held / judged:.0%}" if judged else None, f"{ordered}/{both}"]
-            for tunnel, (held, judged, ordered, both) in summary.items() if judged or both]
+            for tunnel, (held, judged, ordered, both) in summary.items()]
     if rows:
         total_held = sum(v[0] for v in summary.values())
         total_judged = sum(v[1] for v in summary.values())
         sections.append(Section(
             "The frame-precision dissociation across the grid",
             "Does attention settle before precision improves in every configuration? A run shows the dissociation when "
-            f"its frame formed while its error was still at least {' or '.join(f'{f:g}' for f in factors)} times its final error. "
-            f"Across every run with a frame: {total_held}/{total_judged}. The per-configuration counts are in each "
-            "tunnel's table; 'frame before exit' counts the runs whose frame formed at or before their plateau exit.",
+            f"its frame formed while its error was still at least {' or '.join(f'{f:g}' for f in factors)} times its "
+            f"final error. Across every run with a frame: {total_held}/{total_judged}. The per-configuration counts are "
+            "in each tunnel's table; 'frame before exit' counts the runs whose frame formed at or before their plateau exit.",
             tables=[Table(["tunnel", "dissociation holds", "share", "frame before exit"], rows)],
         ))
     return sections

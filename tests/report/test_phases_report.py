@@ -1,0 +1,151 @@
+"""The phases study (`windtunnel reproduce --only phases`): its plan crosses depth and width and
+varies the size and each knob alone; the report reads the grid back from the saved groups, counts
+the seeds that left and the dissociation by hand-made results, and calls a knob's shift
+'earlier' only when the bootstrap interval excludes zero."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from windtunnel.report.html import Table
+from windtunnel.report.phases import dissociation_summary, knob_settings, median_shift, parse_grid, phases_sections
+from windtunnel.reproduce import plan_runs
+from windtunnel.results.phases import PhaseRun, TrainingPhases
+from windtunnel.studies import PHASES_CENTRE, PHASES_DEPTHS, PHASES_KNOBS, PHASES_SIZES, PHASES_WIDTHS, STUDIES
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+def test_the_plan_crosses_depth_and_width_varies_the_size_and_changes_one_knob_at_a_time(tmp_path):
+    study = STUDIES["phases"]
+    jobs = plan_runs(study.scales["cpu"], tmp_path, study.presets)
+    assert len(jobs) == 5 * len(study.presets) and {job.resolved().train.seed for job in jobs} == set(range(5))
+    configs = {job.preset: job.resolved() for job in jobs if job.resolved().train.seed == 0}
+    for tunnel, (letter, sizes) in PHASES_SIZES.items():
+        centre = PHASES_CENTRE[tunnel]
+        shapes = {(c.model.n_layers, c.model.d_model, getattr(c.tunnel, letter)) for name, c in configs.items()
+                  if name.startswith(f"{tunnel}_") and not any(name.endswith(f"_{knob}") for knob in PHASES_KNOBS[tunnel])}
+        plane = {(n, d, centre) for n in PHASES_DEPTHS for d in PHASES_WIDTHS}
+        axis = {(PHASES_CENTRE["n_layers"], PHASES_CENTRE["d_model"], s) for s in sizes}
+        assert shapes == plane | axis
+        base = configs[f"{tunnel}_L2_d48_{letter}{centre}"]
+        for knob in PHASES_KNOBS[tunnel]:
+            changed = configs[f"{tunnel}_L2_d48_{letter}{centre}_{knob}"]
+            differ = [name for name in ("lr", "batch_size") if getattr(base.train, name) != getattr(changed.train, name)]
+            differ += ["init_std"] if base.model.init_std != changed.model.init_std else []
+            assert len(differ) == 1 and base.tunnel == changed.tunnel and base.model.n_layers == changed.model.n_layers
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def _run(seed: int, exit_step: int | None, frame_step: int | None = 100, at_frame: float | None = 0.2,
+         final: float = 0.01) -> PhaseRun:
+    return PhaseRun(
+        run=f"transformer seed {seed}", run_dir=f"runs/x_seed{seed}", seed=seed, eval_steps=(50, 100, 150),
+        eval_mae_bits=(0.4, 0.1, final), plateau_mae_bits=0.4, final_mae_bits=final, final_kl_bits=final / 2,
+        left_plateau=exit_step is not None, exit_step=exit_step, slope_after_exit=-1.0 if exit_step else None,
+        attention_moved=frame_step is not None, frame_step=frame_step, mae_bits_at_frame=at_frame if frame_step is not None else None,
+        frame_before_exit=None if frame_step is None or exit_step is None else frame_step <= exit_step,
+        dissociation=None if frame_step is None else at_frame >= 2 * final,
+        pc1_variance_explained=0.5, pc1_entropy_spearman_abs=0.9, key_cos_layer0=0.1, key_cos_chance=0.2, d_head=12,
+        attention_entropy_bits_by_layer=(2.0, 1.0), uniform_attention_entropy_bits=3.0, evidence_lift_by_layer=None,
+    )
+
+
+def _result(n_layers: int, d_model: int, size: int, runs: list[PhaseRun]) -> TrainingPhases:
+    return TrainingPhases(analysis="training_phases", run_dirs=tuple(r.run_dir for r in runs),
+                          tunnel={"name": "hmm", "S": size, "M": size}, task_variant="", tunnel_label=f"hmm S={size}",
+                          n_layers=n_layers, d_model=d_model, left_factor=4.0, dissociation_factor=2.0, runs=tuple(runs))
+
+
+def _results(knob_exits: list[int]) -> dict[str, dict[str, TrainingPhases]]:
+    centre_runs = [_run(s, exit_step) for s, exit_step in enumerate([400, 450, 500, 550, None])]  # 4 of 5 left
+    results = {"hmm_L2_d48_S3": {"training_phases": _result(2, 48, 3, centre_runs)}}
+    for n in (1, 3):
+        results[f"hmm_L{n}_d48_S3"] = {"training_phases": _result(n, 48, 3, [_run(s, None, frame_step=None) for s in range(5)])}
+    results["hmm_L2_d48_S2"] = {"training_phases": _result(2, 48, 2, [_run(s, 300, at_frame=0.015) for s in range(5)])}
+    results["hmm_L2_d48_S3_lr"] = {"training_phases": _result(2, 48, 3, [_run(s, e) for s, e in enumerate(knob_exits)])}
+    return results
+
+
+def test_the_grid_is_read_back_from_the_group_names():
+    grids = parse_grid([*_results([100] * 5), "bijection", "classes_transformer"])
+    assert len(grids) == 1
+    grid = grids[0]
+    assert (grid.tunnel, grid.letter, grid.centre) == ("hmm", "S", (2, 48, 3))
+    assert grid.depths() == [1, 2, 3] and grid.widths() == [48] and grid.sizes() == [2, 3]
+    assert grid.knobs == {"lr": "hmm_L2_d48_S3_lr"}
+
+
+def test_the_dissociation_is_counted_over_the_runs_with_a_frame():
+    # centre: 5 frames, each 0.2 >= 2 x 0.01; L1 and L3: no frame; S2: 0.015 < 0.02 fails on 5; lr knob: 5 hold.
+    held, judged, ordered, both = dissociation_summary(_results([100] * 5))["hmm"]
+    assert (held, judged) == (10, 15)
+    assert (ordered, both) == (4 + 5 + 5, 4 + 5 + 5)  # frames at step 100, before every exit at 100 or later
+
+
+def test_a_shift_is_earlier_only_when_its_interval_excludes_zero():
+    # Every changed exit below every centre exit: every bootstrap median difference is negative.
+    shift, low, high = median_shift([400.0, 450.0, 500.0, 550.0], [100.0, 110.0, 120.0, 130.0, 140.0])
+    assert shift == 120.0 - 475.0 and high < 0
+    # The same values on both sides: the point shift is 0 and the interval contains it.
+    shift, low, high = median_shift([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert shift == 0 and low <= 0 <= high
+    with pytest.raises(ValueError, match="at least one value"):
+        median_shift([], [1.0])
+
+
+def _knob_row(tmp_path: Path, knob_exits: list[int], settings=None) -> list:
+    sections = phases_sections(_results(knob_exits), tmp_path / "analysis", tmp_path / "figures", settings)
+    knobs = next(t for t in sections[0].tables if t.columns[0].startswith("knob"))
+    return knobs.rows
+
+
+def test_the_knob_table_reads_earlier_where_every_seed_exits_sooner_and_not_where_they_overlap(tmp_path):
+    rows = _knob_row(tmp_path, [100, 110, 120, 130, 140])
+    assert rows[0][1] == "4/5" and rows[1][1] == "5/5"
+    assert rows[1][3].startswith(f"{120 - statistics.median([400, 450, 500, 550]):+.0f} [") and rows[1][4] == "earlier"
+    overlapping = _knob_row(tmp_path, [380, 460, 470, 560, 600])
+    assert overlapping[1][4] == "no shift beyond the interval"
+    settings = {"hmm_L2_d48_S3": {"model.init_std": 0.04, "train.lr": 0.005, "train.batch_size": 64},
+                "hmm_L2_d48_S3_lr": {"model.init_std": 0.04, "train.lr": 0.002, "train.batch_size": 64}}
+    assert _knob_row(tmp_path, [100] * 5, settings)[1][0] == "lr: train.lr 0.002 (centre 0.005)"
+    assert (tmp_path / "figures" / "hmm_depth_width.png").is_file() and (tmp_path / "figures" / "hmm_size.png").is_file()
+
+
+def test_the_grid_table_counts_the_seeds_that_left_and_shows_each_range(tmp_path):
+    sections = phases_sections(_results([100] * 5), tmp_path / "analysis", tmp_path / "figures")
+    table: Table = sections[0].tables[0]
+    by_point = {(row[0], row[1], row[2]): row for row in table.rows}
+    centre = by_point[(2, 48, 3)]
+    assert centre[3] == "4/5" and centre[4] == "475 [400, 550]" and centre[8] == "5/5"
+    assert by_point[(1, 48, 3)][3] == "0/5" and by_point[(1, 48, 3)][4] is None and by_point[(1, 48, 3)][8] == "no frame"
+    assert by_point[(2, 48, 2)][8] == "0/5"
+    assert sections[-1].tables[0].rows == [["hmm", "10/15", "67%", "14/14"]]
+
+
+def test_knob_settings_read_each_groups_saved_config(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"model": {"init_std": 0.02}, "train": {"lr": 0.001, "batch_size": 32}}')
+    assert knob_settings({"g": run, "missing": tmp_path / "nothing"}) == {
+        "g": {"model.init_std": 0.02, "train.lr": 0.001, "train.batch_size": 32}}
+
+
+def test_a_slice_of_the_tiny_study_trains_analyzes_and_reports(tmp_path):
+    from windtunnel.cli import main
+
+    out = tmp_path / "phases"
+    runs = ["hmm_L2_d48_S3_seed0", "hmm_L2_d48_S3_lr_seed0"]
+    assert main(["reproduce", "--scale", "tiny", "--only", "phases", "--out", str(out), "--only-runs", *runs]) == 0
+    report = (out / "report" / "report.md").read_text().replace("\\", "")  # the Markdown escapes punctuation
+    assert "Phases of the hmm tunnel" in report and "lr: train.lr 0.002 (centre 0.005)" in report
+    assert not (out / "analysis_at_init").exists() or not any((out / "analysis_at_init").rglob("*.json"))
+    saved = json.loads((out / "analysis" / "hmm_L2_d48_S3" / "training_phases.json").read_text())
+    assert [run["seed"] for run in saved["runs"]] == [0]
