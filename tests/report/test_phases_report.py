@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from windtunnel.report.html import Table
-from windtunnel.report.phases import dissociation_summary, knob_settings, median_shift, parse_grid, phases_sections
+from windtunnel.report.phases import dissociation_summary, draw_phase_diagrams, knob_settings, median_shift, parse_grid, phases_sections
 from windtunnel.reproduce import plan_runs
 from windtunnel.results.phases import PhaseRun, TrainingPhases
 from windtunnel.studies import PHASES_CENTRE, PHASES_DEPTHS, PHASES_KNOBS, PHASES_SIZES, PHASES_WIDTHS, STUDIES
@@ -116,7 +116,16 @@ def test_the_knob_table_reads_earlier_where_every_seed_exits_sooner_and_not_wher
     settings = {"hmm_L2_d48_S3": {"model.init_std": 0.04, "train.lr": 0.005, "train.batch_size": 64},
                 "hmm_L2_d48_S3_lr": {"model.init_std": 0.04, "train.lr": 0.002, "train.batch_size": 64}}
     assert _knob_row(tmp_path, [100] * 5, settings)[1][0] == "lr: train.lr 0.002 (centre 0.005)"
-    assert (tmp_path / "figures" / "hmm_depth_width.png").is_file() and (tmp_path / "figures" / "hmm_size.png").is_file()
+
+
+def test_the_sections_write_nothing_and_the_diagrams_they_show_are_drawn_apart(tmp_path):
+    results = _results([100] * 5)
+    sections = phases_sections(results, tmp_path / "analysis", tmp_path / "figures")
+    assert not (tmp_path / "figures").exists()
+    shown = [figure.path for figure in sections[0].figures]
+    assert draw_phase_diagrams(results, tmp_path / "figures") == shown
+    assert shown == [tmp_path / "figures" / "hmm_depth_width.png", tmp_path / "figures" / "hmm_size.png"]
+    assert all(path.stat().st_size > 10_000 for path in shown)  # a drawn figure, not an empty file
 
 
 def test_the_grid_table_counts_the_seeds_that_left_and_shows_each_range(tmp_path):

@@ -39,7 +39,7 @@ from windtunnel.report.folder import (
 )
 from windtunnel.report.html import NOT_YET_RUN, Figure, Report, Section, Table, verdict, write_report
 from windtunnel.report.model_selection import model_selection_sections
-from windtunnel.report.phases import knob_settings, phases_sections
+from windtunnel.report.phases import PHASE_DIAGRAMS_DIR, draw_phase_diagrams, knob_settings, phases_sections
 from windtunnel.report.primitives import primitive_sections
 from windtunnel.results import AnalysisResult, Summary
 from windtunnel.results.generalization import HorizonScores
@@ -338,6 +338,8 @@ def build_report(out: Path, beside: Path | None = None) -> Path:
         ReportError: as :func:`assemble_report`.
     """
     out = Path(out)
+    if Manifest.read(out).study == "phases":  # its diagrams are drawn from the saved results, as the analyses' figures were
+        draw_phase_diagrams(load_results(out), out / REPORT_DIR / PHASE_DIAGRAMS_DIR)
     report = assemble_report(out, beside)
     written = {**report.metadata, "written": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
     html_path, _ = write_report(dataclasses.replace(report, metadata=written), out / REPORT_DIR)
@@ -385,7 +387,7 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
         )
     elif manifest.study == "phases":
         settings = knob_settings({run.preset: run.run_dir for run in reversed(runs)})  # each preset's first seed
-        sections = phases_sections(results, out / ANALYSIS_DIR, out / REPORT_DIR / "phases", settings, meaning=manifest.meaning)
+        sections = phases_sections(results, out / ANALYSIS_DIR, out / REPORT_DIR / PHASE_DIAGRAMS_DIR, settings, meaning=manifest.meaning)
         title = "When the frame forms: the training phases across depth, width and the hypothesis space"
         summary = (
             f"A measurement at {manifest.scale} scale, beyond the paper (its future work): {len(runs)} training runs of small "

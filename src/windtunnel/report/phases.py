@@ -42,7 +42,7 @@ from windtunnel.results import AnalysisResult
 from windtunnel.results.phases import PhaseRun, TrainingPhases
 from windtunnel.run_layout import CONFIG_FILE
 
-__all__ = ["BOOTSTRAP_SAMPLES", "KNOB_SETTINGS", "Grid", "dissociation_summary", "knob_settings", "median_shift", "parse_grid", "phases_sections"]
+__all__ = ["BOOTSTRAP_SAMPLES", "KNOB_SETTINGS", "PHASE_DIAGRAMS_DIR", "Grid", "dissociation_summary", "draw_phase_diagrams", "knob_settings", "median_shift", "parse_grid", "phases_sections"]
 
 #: The training settings a knob can change, as ``section.key`` of a run's saved config.
 KNOB_SETTINGS = ("model.init_std", "train.lr", "train.batch_size")
@@ -119,6 +119,8 @@ def parse_grid(names: Sequence[str]) -> list[Grid]:
         grids.append(Grid(tunnel, entry["letter"], points, entry["knobs"], centre))
     return grids
 
+#: Where in a reproduction's report folder the phase diagrams are drawn.
+PHASE_DIAGRAMS_DIR = "phases"
 #: Resamples of the seeds for the interval of a median shift.
 BOOTSTRAP_SAMPLES = 2000
 
@@ -296,25 +298,41 @@ def dissociation_summary(results: Mapping[str, Mapping[str, AnalysisResult]]) ->
     return summary
 
 
+def _diagrams(grid: Grid, figures_dir: Path) -> list[tuple[Figure, Any]]:
+    """The phase diagrams of ``grid`` (a Figure each, and the function that draws it from the results)."""
+    n, d, size = grid.centre
+    diagrams = []
+    if len(grid.depths()) > 1 or len(grid.widths()) > 1:
+        diagrams.append((Figure(figures_dir / f"{grid.tunnel}_depth_width.png", f"{grid.tunnel}: depth x width at {grid.letter} = {size}",
+                                "Median over seeds, with the range and the number of seeds that have the value."), _heatmaps))
+    if len(grid.sizes()) > 1:
+        diagrams.append((Figure(figures_dir / f"{grid.tunnel}_size.png", f"{grid.tunnel}: against {grid.letter} ({n} layers, d_model {d})",
+                                "Every seed; the bar is the median. The dotted line is the mean |cos| of random keys of the head width."),
+                         _size_axis))
+    return diagrams
+
+
+def draw_phase_diagrams(results: Mapping[str, Mapping[str, AnalysisResult]], figures_dir: Path) -> list[Path]:
+    """Draw every tunnel's phase diagrams into ``figures_dir`` (what :func:`phases_sections` shows); returns their paths."""
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    drawn = []
+    for grid in parse_grid(list(results)):
+        for figure, draw in _diagrams(grid, figures_dir):
+            draw(grid, results, figure.path)
+            drawn.append(figure.path)
+    return drawn
+
+
 def phases_sections(results: Mapping[str, Mapping[str, AnalysisResult]], analysis_dir: Path, figures_dir: Path,
                     settings: Mapping[str, Mapping[str, Any]] | None = None, *, meaning: str = "") -> list[Section]:
-    """The report's sections: per tunnel the phase diagrams, the size axis, the grid table and the
+    """The report's sections: per tunnel the phase diagrams (in ``figures_dir``, drawn by
+    :func:`draw_phase_diagrams`; nothing is written here), the size axis, the grid table and the
     knobs; then the dissociation across the grid. ``settings``: per group, the :data:`KNOB_SETTINGS`
-    of its runs' saved config (to name what each knob changed). ``figures_dir`` receives the diagrams."""
-    figures_dir.mkdir(parents=True, exist_ok=True)
+    of its runs' saved config (to name what each knob changed)."""
     settings = settings or {}
     sections = []
     for grid in parse_grid(list(results)):
-        n, d, size = grid.centre
-        figures = []
-        if len(grid.depths()) > 1 or len(grid.widths()) > 1:
-            _heatmaps(grid, results, figures_dir / f"{grid.tunnel}_depth_width.png")
-            figures.append(Figure(figures_dir / f"{grid.tunnel}_depth_width.png", f"{grid.tunnel}: depth x width at {grid.letter} = {size}",
-                                  "Median over seeds, with the range and the number of seeds that have the value."))
-        if len(grid.sizes()) > 1:
-            _size_axis(grid, results, figures_dir / f"{grid.tunnel}_size.png")
-            figures.append(Figure(figures_dir / f"{grid.tunnel}_size.png", f"{grid.tunnel}: against {grid.letter} ({n} layers, d_model {d})",
-                                  "Every seed; the bar is the median. The dotted line is the mean |cos| of random keys of the head width."))
+        figures = [figure for figure, _ in _diagrams(grid, figures_dir)]
         curve = analysis_dir / grid.points.get(grid.centre, "") / "training_phases.png"
         if grid.centre in grid.points and curve.is_file():
             figures.append(Figure(curve, f"{grid.tunnel}: the centre's seeds", "Each seed's held-out error; circle: exit; triangle: frame formed."))

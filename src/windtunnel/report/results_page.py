@@ -11,6 +11,7 @@ results pages are this function's output (``tools/results_pages.py``), never typ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -113,6 +114,7 @@ def results_page(folder: Path, title: str, shown_as: str | None = None) -> str:
     summary = (report.summary + " The tables below are rendered from the JSON files in "
                f"`{shown_as or folder.name}/` alone; the figures are in the report a reproduction writes "
                "(`reproduction/report/index.html`).")
-    tables_only = [section for section in report.sections if not section.figures]
+    # Figures stay in the report; a section's tables come without them (a section of figures alone is left out).
+    tables_only = [dataclasses.replace(section, figures=[]) for section in report.sections if section.tables or not section.figures]
     tables_only.insert(-1, Section("How each run trained", tables=[_training_table(folder, manifest)]))
     return render_markdown(Report(title, summary, tables_only, metadata=_provenance(folder, manifest)))
