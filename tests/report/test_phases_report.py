@@ -48,8 +48,8 @@ def _run(seed: int, exit_step: int | None, frame_step: int | None = 100, at_fram
          final: float = 0.01) -> PhaseRun:
     return PhaseRun(
         run=f"transformer seed {seed}", run_dir=f"runs/x_seed{seed}", seed=seed, eval_steps=(50, 100, 150),
-        eval_mae_bits=(0.4, 0.1, final), plateau_mae_bits=0.4, final_mae_bits=final, final_kl_bits=final / 2,
-        left_plateau=exit_step is not None, exit_step=exit_step, slope_after_exit=-1.0 if exit_step else None,
+        eval_mae_bits=(0.4, 0.1, final), learning_step=100, plateau_step=50, plateau_mae_bits=0.4, final_mae_bits=final,
+        final_kl_bits=final / 2, left_plateau=exit_step is not None, exit_step=exit_step, slope_after_exit=-1.0 if exit_step else None,
         attention_moved=frame_step is not None, frame_step=frame_step, mae_bits_at_frame=at_frame if frame_step is not None else None,
         frame_before_exit=None if frame_step is None or exit_step is None else frame_step <= exit_step,
         dissociation=None if frame_step is None else at_frame >= 2 * final,
@@ -61,7 +61,7 @@ def _run(seed: int, exit_step: int | None, frame_step: int | None = 100, at_fram
 def _result(n_layers: int, d_model: int, size: int, runs: list[PhaseRun]) -> TrainingPhases:
     return TrainingPhases(analysis="training_phases", run_dirs=tuple(r.run_dir for r in runs),
                           tunnel={"name": "hmm", "S": size, "M": size}, task_variant="", tunnel_label=f"hmm S={size}",
-                          n_layers=n_layers, d_model=d_model, left_factor=4.0, dissociation_factor=2.0, runs=tuple(runs))
+                          n_layers=n_layers, d_model=d_model, plateau_window=6, flat_slope=-0.25, left_factor=2.0, dissociation_factor=2.0, runs=tuple(runs))
 
 
 def _results(knob_exits: list[int]) -> dict[str, dict[str, TrainingPhases]]:
@@ -133,9 +133,9 @@ def test_the_grid_table_counts_the_seeds_that_left_and_shows_each_range(tmp_path
     table: Table = sections[0].tables[0]
     by_point = {(row[0], row[1], row[2]): row for row in table.rows}
     centre = by_point[(2, 48, 3)]
-    assert centre[3] == "4/5" and centre[4] == "475 [400, 550]" and centre[8] == "5/5"
-    assert by_point[(1, 48, 3)][3] == "0/5" and by_point[(1, 48, 3)][4] is None and by_point[(1, 48, 3)][8] == "no frame"
-    assert by_point[(2, 48, 2)][8] == "0/5"
+    assert centre[3] == "100 [100, 100]" and centre[4] == "4/5" and centre[5] == "475 [400, 550]" and centre[9] == "5/5"
+    assert by_point[(1, 48, 3)][4] == "0/5" and by_point[(1, 48, 3)][5] is None and by_point[(1, 48, 3)][9] == "no frame"
+    assert by_point[(2, 48, 2)][9] == "0/5"
     assert sections[-1].tables[0].rows == [["hmm", "10/15", "67%", "14/14"]]
 
 

@@ -6,13 +6,16 @@ and data complexity").
 Per run, from its training history (the held-out evaluations of ``metrics.jsonl``, every
 ``train.eval_every`` steps) and its log-spaced weight snapshots:
 
-- **plateau and exit** (:func:`plateau_exit`): the *plateau* is the highest held-out
-  ``mae_bits`` once the warm-up is over (a model first learns what needs no in-context
-  inference, then sits there); the run has *left* it when its final error is at most
-  :data:`LEFT_FACTOR` times lower, and its *exit step* is the first evaluation at which the
-  error has come half of the way down from the plateau to the final error, on a log scale
-  (below the geometric mean of the two). The definition needs no per-tunnel threshold, so it
-  reads alike on every tunnel and size of the grid;
+- **learning step** (:func:`learning_step`): the first evaluation at which the error has come
+  half of the way down (on a log scale) from the first evaluation's to the final one's;
+- **plateau and exit** (:func:`plateau_exit`): the *plateau* is the first stretch of
+  :data:`PLATEAU_WINDOW` evaluations after the warm-up over which the error is flat (its
+  log-log slope above :data:`FLAT_SLOPE`; a model that first learns what needs no in-context
+  inference sits there), at the stretch's median error; the run has *left* it when its final
+  error is at least :data:`LEFT_FACTOR` times lower, and its *exit step* is the first evaluation
+  at which the error has come half of the way down from the plateau to the final error, on a
+  log scale. A curve that falls from the start has no plateau. The definitions need no
+  per-tunnel threshold, so they read alike on every tunnel and size of the grid;
 - **precision after exit** (:func:`log_log_slope`): the least-squares slope of
   ``log10 mae_bits`` against ``log10 step`` over the evaluations from the exit on (a power
   law's exponent; more negative is faster);
@@ -36,6 +39,7 @@ Per run, from its training history (the held-out evaluations of ``metrics.jsonl`
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,52 +48,24 @@ from windtunnel.analysis.dynamics import _has_history, training_dynamics
 from windtunnel.analysis.keys import expected_abs_cosine
 from windtunnel.history import read_metrics
 
-__all__ = ["DISSOCIATION_FACTOR", "LEFT_FACTOR", "MIN_EVALUATIONS", "dissociates", "log_log_slope", "plateau_exit"]
+__all__ = ["DISSOCIATION_FACTOR", "FLAT_SLOPE", "LEFT_FACTOR", "MIN_EVALUATIONS", "PLATEAU_WINDOW", "dissociates", "learning_step", "log_log_slope", "plateau_exit"]
 
 #: Held-out evaluations a run's history needs for its error curve to be read.
 MIN_EVALUATIONS = 3
+#: A plateau spans at least this many consecutive held-out evaluations ...
+PLATEAU_WINDOW = 6
+#: ... over which the error falls by less than this per decade of steps (log-log slope): a power
+#: law's tail falls faster (the bijection's: about -1), a plateau drifts (the HMM's: about -0.15).
+FLAT_SLOPE = -0.25
 #: A run has left its plateau when its final error is at least this many times below it.
-LEFT_FACTOR = 4.0
+LEFT_FACTOR = 2.0
 #: The frame-precision dissociation holds in a run when the error at the frame step is at
 #: least this many times the final error (precision still had that far to go).
 DISSOCIATION_FACTOR = 2.0
 
 
-def plateau_exit(
-    steps: Sequence[int], errors: Sequence[float], warmup_steps: int, left_factor: float = LEFT_FACTOR
-) -> dict[str, Any]:
-    """The plateau of an error curve and the step at which it was left.
-
-    Args:
-        steps: the evaluation steps, ascending.
-        errors: the error (``mae_bits``) at each, positive.
-        warmup_steps: evaluations before this step are not the plateau (the model is still
-            learning what needs no inference); when none is at or after it, all count.
-        left_factor: how many times below the plateau the final error must be.
-
-    Returns:
-        ``plateau`` (the highest error from the warm-up's end on), ``final`` (the last
-        error), ``left`` (``final * left_factor <= plateau``) and ``exit_step``: the first
-        step at or after the plateau's own at which the error is below
-        ``sqrt(plateau * final)``; None when the run has not left.
-    """
-    if len(steps) != len(errors) or not steps:
-        raise ValueError(f"need one error per step and at least one of each; got {len(steps)} steps, {len(errors)} errors")
-    after = [i for i, step in enumerate(steps) if step >= warmup_steps] or list(range(len(steps)))
-    peak = max(after, key=lambda i: errors[i])
-    plateau, final = float(errors[peak]), float(errors[-1])
-    left = final * left_factor <= plateau
-    exit_step = None
-    if left:
-        halfway = math.sqrt(plateau * final)
-        exit_step = next(int(steps[i]) for i in range(peak, len(steps)) if errors[i] < halfway)
-    return {"plateau": plateau, "final": final, "left": left, "exit_step": exit_step}
-
-
-def log_log_slope(steps: Sequence[int], errors: Sequence[float], start_step: int) -> float | None:
-    """Least-squares slope of ``log10 error`` on ``log10 step`` over the points from
-    ``start_step`` on (steps > 0, errors > 0); None with fewer than three such points."""
-    points = [(math.log10(s), math.log10(e)) for s, e in zip(steps, errors) if s >= start_step and s > 0 and e > 0]
+def _slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y on x; None with fewer than three points or no spread in x."""
     if len(points) < 3:
         return None
     mean_x = sum(x for x, _ in points) / len(points)
@@ -98,6 +74,75 @@ def log_log_slope(steps: Sequence[int], errors: Sequence[float], start_step: int
     if spread == 0:
         return None
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+
+
+def log_log_slope(steps: Sequence[int], errors: Sequence[float], start_step: int = 0) -> float | None:
+    """Least-squares slope of ``log10 error`` on ``log10 step`` over the points from
+    ``start_step`` on (steps > 0, errors > 0); None with fewer than three such points."""
+    return _slope([(math.log10(s), math.log10(e)) for s, e in zip(steps, errors) if s >= start_step and s > 0 and e > 0])
+
+
+def plateau_exit(
+    steps: Sequence[int],
+    errors: Sequence[float],
+    warmup_steps: int,
+    *,
+    window: int = PLATEAU_WINDOW,
+    flat_slope: float = FLAT_SLOPE,
+    left_factor: float = LEFT_FACTOR,
+) -> dict[str, Any]:
+    """The plateau of an error curve and the step at which it was left.
+
+    Args:
+        steps: the evaluation steps, ascending.
+        errors: the error (``mae_bits``) at each, positive.
+        warmup_steps: a plateau starts at or after this step (during the warm-up the model is
+            still learning what needs no inference).
+        window: evaluations a plateau spans at least.
+        flat_slope: a stretch of ``window`` evaluations is flat when the slope of log10 error on
+            log10 step over it is above this (it falls by less than this per decade of steps).
+        left_factor: how many times below the plateau the final error must be for the run to
+            have left it.
+
+    Returns:
+        ``plateau_step``: where the first flat stretch from the warm-up's end on starts;
+        ``plateau``: its median error; ``final``: the last error; ``left``: ``final *
+        left_factor <= plateau``; ``exit_step``: the first step from the plateau's start at which
+        the error is below ``sqrt(plateau * final)`` (half of the way down on a log scale). A
+        curve with no flat stretch (it falls from the start, as a power law's tail does) has no
+        plateau: ``plateau_step``, ``plateau`` and ``left`` are None, and so is ``exit_step``, as
+        it is for a run that has not left.
+    """
+    if len(steps) != len(errors) or not steps:
+        raise ValueError(f"need one error per step and at least one of each; got {len(steps)} steps, {len(errors)} errors")
+    final = float(errors[-1])
+    start = None
+    for i, step in enumerate(steps):
+        if step < warmup_steps or step <= 0 or i + window > len(steps):
+            continue
+        slope = log_log_slope(steps[i:i + window], errors[i:i + window])
+        if slope is not None and slope > flat_slope:
+            start = i
+            break
+    if start is None:
+        return {"plateau_step": None, "plateau": None, "final": final, "left": None, "exit_step": None}
+    plateau = float(statistics.median(errors[start:start + window]))
+    left = final * left_factor <= plateau
+    exit_step = None
+    if left:
+        halfway = math.sqrt(plateau * final)
+        exit_step = next(int(steps[i]) for i in range(start, len(steps)) if errors[i] < halfway)
+    return {"plateau_step": int(steps[start]), "plateau": plateau, "final": final, "left": left, "exit_step": exit_step}
+
+
+def learning_step(steps: Sequence[int], errors: Sequence[float], left_factor: float = LEFT_FACTOR) -> int | None:
+    """The first step at which the error has come half of the way (on a log scale) from the first
+    evaluation's to the last one's; None where it fell by less than ``left_factor`` in all."""
+    first, final = float(errors[0]), float(errors[-1])
+    if final * left_factor > first:
+        return None
+    halfway = math.sqrt(first * final)
+    return next(int(step) for step, error in zip(steps, errors) if error < halfway)
 
 
 def dissociates(error_at_frame: float | None, final_error: float, factor: float = DISSOCIATION_FACTOR) -> bool | None:
@@ -154,6 +199,8 @@ def _phases_of_run(run: Run) -> dict[str, Any]:
         "seed": config.train.seed,
         "eval_steps": steps,
         "eval_mae_bits": errors,
+        "learning_step": learning_step(steps, errors),
+        "plateau_step": exit_["plateau_step"],
         "plateau_mae_bits": exit_["plateau"],
         "final_mae_bits": exit_["final"],
         "final_kl_bits": float(evals[-1]["eval_kl_bits"]),
@@ -189,6 +236,8 @@ def training_phases(runs: Sequence[Run]) -> dict[str, Any]:
     return {
         "n_layers": model.n_layers,
         "d_model": model.d_model,
+        "plateau_window": PLATEAU_WINDOW,
+        "flat_slope": FLAT_SLOPE,
         "left_factor": LEFT_FACTOR,
         "dissociation_factor": DISSOCIATION_FACTOR,
         "runs": [_phases_of_run(run) for run in runs],

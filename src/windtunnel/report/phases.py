@@ -157,16 +157,18 @@ def _median_range(values: Sequence[float], fmt: str = "{:.3g}") -> str | None:
 
 
 def _left(runs: Sequence[PhaseRun]) -> str:
-    return f"{sum(run.left_plateau for run in runs)}/{len(runs)}"
+    """Seeds that left their plateau / seeds, and how many had none (their error fell from the start)."""
+    none = sum(run.left_plateau is None for run in runs)
+    return f"{sum(bool(run.left_plateau) for run in runs)}/{len(runs)}" + (f" ({none} no plateau)" if none else "")
 
 
 def _heatmaps(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], path: Path) -> None:
     """Exit step, frame step and final mae_bits over depth x width at the centre's size: medians,
     annotated with the range and how many seeds have the value."""
     depths, widths, size = grid.depths(), grid.widths(), grid.centre[2]
-    fields = (("exit_step", "plateau exit step", "{:.0f}"), ("frame_step", "frame formed (step)", "{:.0f}"),
-              ("final_mae_bits", "final mae_bits", "{:.2g}"))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.9))
+    fields = (("learning_step", "learning step (half-way)", "{:.0f}"), ("exit_step", "plateau exit step", "{:.0f}"),
+              ("frame_step", "frame formed (step)", "{:.0f}"), ("final_mae_bits", "final mae_bits", "{:.2g}"))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.9))
     for ax, (field, title, fmt) in zip(axes, fields):
         medians = np.full((len(depths), len(widths)), np.nan)
         for i, depth in enumerate(depths):
@@ -193,10 +195,11 @@ def _heatmaps(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], p
 def _size_axis(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], path: Path) -> None:
     """Every seed's exit step, frame step, final error and final geometry against the size."""
     n, d, _ = grid.centre
-    panels = (("exit_step", "plateau exit step"), ("frame_step", "frame formed (step)"), ("final_mae_bits", "final mae_bits"),
+    panels = (("learning_step", "learning step (half-way)"), ("exit_step", "plateau exit step"),
+              ("frame_step", "frame formed (step)"), ("final_mae_bits", "final mae_bits"),
               ("key_cos_layer0", "layer-0 key mean |cos|"), ("pc1_variance_explained", "residual PC1 share"),
-              ("pc1_entropy_spearman_abs", "|Spearman ρ| (PC1, H_Bayes)"))
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.4))
+              ("pc1_entropy_spearman_abs", "|Spearman ρ| (PC1, H_Bayes)"), ("plateau_mae_bits", "plateau mae_bits"))
+    fig, axes = plt.subplots(2, 4, figsize=(16, 6.4))
     sizes = grid.sizes()
     for ax, (field, title) in zip(axes.flat, panels):
         for size in sizes:
@@ -229,15 +232,18 @@ def _grid_table(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]])
     for (n, d, size), name in sorted(grid.points.items(), key=lambda item: (item[0][2] != grid.centre[2], item[0])):
         result = _phases(results, name)
         if result is None:
-            rows.append([n, d, size, "not analyzed", None, None, None, None, None])
+            rows.append([n, d, size, None, "not analyzed", None, None, None, None, None])
             continue
         runs = result.runs
-        rows.append([n, d, size, _left(runs), _median_range(_values(runs, "exit_step"), "{:.0f}"),
+        rows.append([n, d, size, _median_range(_values(runs, "learning_step"), "{:.0f}"), _left(runs),
+                     _median_range(_values(runs, "exit_step"), "{:.0f}"),
                      _median_range(_values(runs, "frame_step"), "{:.0f}"), _median_range(_values(runs, "slope_after_exit"), "{:.2f}"),
                      _median_range(_values(runs, "final_kl_bits")), _dissociation_cell(runs)])
-    return Table(["layers", "d_model", grid.letter, "left plateau", "exit step", "frame step", "slope after exit",
+    return Table(["layers", "d_model", grid.letter, "learning step", "left plateau", "exit step", "frame step", "slope after exit",
                   "final kl_bits", "dissociation"], rows,
-                 caption="Median over seeds [min, max]; a seed that never left its plateau has no exit step, one whose "
+                 caption="Median over seeds [min, max]. Learning step: where the error is half of the way (log scale) from "
+                         "the first evaluation's to the final one's. A seed that never left its plateau, or had none, has "
+                         "no exit step; one whose "
                          "attention never settled (or never moved from its initial pattern) no frame step. Slope: of "
                          "log10 mae_bits on log10 step after the exit. Dissociation: runs where it holds / runs with a frame.")
 

@@ -19,11 +19,17 @@ class PhaseRun:
     Attributes:
         run: the run's label; run_dir: its directory; seed: its training seed.
         eval_steps, eval_mae_bits: its held-out error curve (every ``train.eval_every`` steps).
-        plateau_mae_bits: the highest held-out error from the end of the warm-up on.
+        learning_step: the first evaluation below the geometric mean of the first evaluation's
+            error and the final one; None where the error fell by less than ``left_factor``.
+        plateau_step: where the first flat stretch of ``plateau_window`` evaluations after the
+            warm-up starts (log-log slope above ``flat_slope``); None where there is none (the
+            error fell from the start).
+        plateau_mae_bits: that stretch's median error; None without a plateau.
         final_mae_bits, final_kl_bits: the last held-out evaluation.
-        left_plateau: whether the final error is at least ``left_factor`` times below the plateau.
-        exit_step: the first evaluation below the geometric mean of plateau and final error;
-            None where the run did not leave.
+        left_plateau: whether the final error is at least ``left_factor`` times below the plateau;
+            None without a plateau.
+        exit_step: the first evaluation from the plateau's start below the geometric mean of
+            plateau and final error; None where the run has no plateau or did not leave it.
         slope_after_exit: slope of log10 error on log10 step from the exit on; None without an
             exit or with fewer than three evaluations after it.
         frame_step: the first snapshot after which the attention stays within the threshold of
@@ -47,10 +53,12 @@ class PhaseRun:
     seed: int
     eval_steps: tuple[int, ...]
     eval_mae_bits: tuple[float, ...]
-    plateau_mae_bits: float
+    learning_step: int | None
+    plateau_step: int | None
+    plateau_mae_bits: float | None
     final_mae_bits: float
     final_kl_bits: float
-    left_plateau: bool
+    left_plateau: bool | None
     exit_step: int | None
     slope_after_exit: float | None
     attention_moved: bool
@@ -75,6 +83,7 @@ class TrainingPhases(AnalysisResult):
 
     Attributes:
         n_layers, d_model: the transformer's depth and width.
+        plateau_window, flat_slope: a plateau is that many evaluations whose log-log slope is above that.
         left_factor: how far below its plateau a run's final error must be for it to have left.
         dissociation_factor: how far above the final error the error at the frame step must be
             for the dissociation to hold.
@@ -83,6 +92,8 @@ class TrainingPhases(AnalysisResult):
 
     n_layers: int
     d_model: int
+    plateau_window: int
+    flat_slope: float
     left_factor: float
     dissociation_factor: float
     runs: tuple[PhaseRun, ...]
