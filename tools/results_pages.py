@@ -8,7 +8,7 @@ results folders (never typed).
 
 A results folder is a reproduction's folder without its weights (``windtunnel.report.results_page``).
 ``results/cpu`` holds a ``make run``; ``results/paper`` is filled one GPU window at a time;
-``results/future-work`` and ``results/model-selection`` hold those studies at CPU scale.
+``results/future-work``, ``results/model-selection`` and ``results/phases`` hold those studies at CPU scale.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PAGES = {
     "docs/results-paper.md": ("results/paper", "Results at the paper's scale"),
     "docs/results-future-work.md": ("results/future-work", "Results of the future-work study"),
     "docs/results-model-selection.md": ("results/model-selection", "Results of the model-selection study"),
+    "docs/results-phases.md": ("results/phases", "Results of the phases study"),
 }
 #: The pages of the paper's claims, whose verdicts make the README's headline table.
 CLAIM_PAGES = ("docs/results.md", "docs/results-paper.md")

@@ -111,6 +111,7 @@ def test_the_knob_table_reads_earlier_where_every_seed_exits_sooner_and_not_wher
     rows = _knob_row(tmp_path, [100, 110, 120, 130, 140])
     assert rows[0][1] == "4/5" and rows[1][1] == "5/5"
     assert rows[1][3].startswith(f"{120 - statistics.median([400, 450, 500, 550]):+.0f} [") and rows[1][4] == "earlier"
+    assert rows[1][7] == "no shift beyond the interval"  # every learning step is 100 on both sides
     overlapping = _knob_row(tmp_path, [380, 460, 470, 560, 600])
     assert overlapping[1][4] == "no shift beyond the interval"
     settings = {"hmm_L2_d48_S3": {"model.init_std": 0.04, "train.lr": 0.005, "train.batch_size": 64},

@@ -255,30 +255,38 @@ def _setting_text(settings: Mapping[str, Any] | None, knob: str) -> str:
     return f"{knob}: {settings['changed']}"
 
 
+def _shift(base: Sequence[float], changed: Sequence[float], what: str) -> list[Any]:
+    """The median shift with its interval and its reading, or why there is none."""
+    if not base or not changed:
+        return [None, f"too few {what} to compare"]
+    shift, low, high = median_shift(base, changed)
+    moved = "earlier" if high < 0 else "later" if low > 0 else "no shift beyond the interval"
+    return [f"{shift:+.0f} [{low:+.0f}, {high:+.0f}]", moved]
+
+
 def _knob_table(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]],
                 settings: Mapping[str, Mapping[str, Any]]) -> Table | None:
     base = _phases(results, grid.points.get(grid.centre, ""))
     if base is None or not grid.knobs:
         return None
-    base_exits = _values(base.runs, "exit_step")
-    rows: list[list[Any]] = [["centre (nothing changed)", _left(base.runs), _median_range(base_exits, "{:.0f}"), None, None]]
+    base_exits, base_learning = _values(base.runs, "exit_step"), _values(base.runs, "learning_step")
+    rows: list[list[Any]] = [["centre (nothing changed)", _left(base.runs), _median_range(base_exits, "{:.0f}"), None, None,
+                              _median_range(base_learning, "{:.0f}"), None, None]]
     for knob, name in grid.knobs.items():
         changed = _phases(results, name)
         label = _setting_text(_changed_setting(settings.get(grid.points[grid.centre]), settings.get(name)), knob)
         if changed is None:
-            rows.append([label, "not analyzed", None, None, None])
+            rows.append([label, "not analyzed", None, None, None, None, None, None])
             continue
-        exits = _values(changed.runs, "exit_step")
-        if base_exits and exits:
-            shift, low, high = median_shift(base_exits, exits)
-            moved = "earlier" if high < 0 else "later" if low > 0 else "no shift beyond the interval"
-            rows.append([label, _left(changed.runs), _median_range(exits, "{:.0f}"), f"{shift:+.0f} [{low:+.0f}, {high:+.0f}]", moved])
-        else:
-            rows.append([label, _left(changed.runs), _median_range(exits, "{:.0f}"), None, "too few exits to compare"])
-    return Table(["knob (changed at the centre)", "left plateau", "exit step", "median shift [95% CI]", "reading"], rows,
-                 caption="Exit step: median over the seeds that left [min, max]. The shift of the median against the centre's, "
-                         f"with a {BOOTSTRAP_SAMPLES}-sample percentile bootstrap over seeds; a seed that never left is "
-                         "not in the medians, so read the 'left plateau' counts beside it.")
+        exits, learning = _values(changed.runs, "exit_step"), _values(changed.runs, "learning_step")
+        rows.append([label, _left(changed.runs), _median_range(exits, "{:.0f}"), *_shift(base_exits, exits, "exits"),
+                     _median_range(learning, "{:.0f}"), *_shift(base_learning, learning, "learning steps")])
+    return Table(["knob (changed at the centre)", "left plateau", "exit step", "median shift [95% CI]", "reading",
+                  "learning step", "its median shift [95% CI]", "its reading"], rows,
+                 caption="Exit and learning steps: median over the seeds that have one [min, max]. Each shift is of the "
+                         f"median against the centre's, with a {BOOTSTRAP_SAMPLES}-sample percentile bootstrap over seeds; "
+                         "a seed that never left its plateau is not in the exit medians, so read the 'left plateau' "
+                         "counts beside them.")
 
 
 def _changed_setting(centre: Mapping[str, Any] | None, knob: Mapping[str, Any] | None) -> dict[str, str] | None:
