@@ -2,7 +2,7 @@
 
 tunnels and models depend on torch (and the leaf modules config and metrics) only;
 neither imports the other, so a tunnel can never depend on a model's internals or the
-reverse. The report depends on saved results (read as the leaf package results' types), not on
+reverse. The report depends on saved results (read as the leaf package results' types) and draws with the figures package, not on
 models or training; figures on saved JSON alone. Training sits below the runs, the runs below the analyses, and none of them
 imports the report, the reproduction or the CLI. Every file name of a run directory comes
 from the leaf module run_layout. The check reads import statements, so it also sees
@@ -36,9 +36,10 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     # Figures are drawn from saved JSON alone.
     "windtunnel.figures": set(),
     # The report reads saved results only: never a model, a tunnel, the trainer, or the
-    # reproduction that wrote them.
-    "windtunnel.report": {"windtunnel.files", "windtunnel.history", "windtunnel.provenance", "windtunnel.results",
-                          "windtunnel.run_layout"},
+    # reproduction that wrote them. It draws the figures that span runs (the phase diagrams)
+    # with the figures package's save, so every PNG is written the same way.
+    "windtunnel.report": {"windtunnel.files", "windtunnel.figures", "windtunnel.history", "windtunnel.provenance",
+                          "windtunnel.results", "windtunnel.run_layout"},
 }
 
 #: Layers above a package that it must not import (the arrows run one way: the CLI and the
@@ -55,7 +56,7 @@ FORBIDDEN = {  # package -> windtunnel modules (and their submodules) it must no
 ALLOWED_CYCLES = {
     # the figures package imports its modules to register their figures; each imports figure/save from it
     frozenset({"windtunnel.figures", *(f"windtunnel.figures.{m}" for m in
-               ("ablation", "calibration", "dynamics", "generalization", "geometry"))}),
+               ("ablation", "calibration", "dynamics", "generalization", "geometry", "phases"))}),
 }
 
 
