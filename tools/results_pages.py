@@ -8,7 +8,8 @@ results folders (never typed).
 
 A results folder is a reproduction's folder without its weights (``windtunnel.report.results_page``).
 ``results/cpu`` holds a ``make run``; ``results/paper`` is filled one GPU window at a time;
-``results/future-work``, ``results/model-selection`` and ``results/phases`` hold those studies at CPU scale.
+``results/future-work``, ``results/model-selection`` and ``results/phases`` hold those studies at CPU scale;
+``results/lm`` the outputs of ``make lm`` (``windtunnel lm-score``), rendered into docs/results-lm.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from windtunnel.report.build import claim_tables
 from windtunnel.report.folder import Manifest, ReportError, load_results
 from windtunnel.run_layout import INIT_DIR
 from windtunnel.report.results_page import results_page, save_results
+from windtunnel.lm.page import results_page as lm_results_page
 
 ROOT = Path(__file__).resolve().parents[1]
 #: page -> (results folder, title); paths relative to the repository.
@@ -32,6 +34,8 @@ PAGES = {
     "docs/results-model-selection.md": ("results/model-selection", "Results of the model-selection study"),
     "docs/results-phases.md": ("results/phases", "Results of the phases study"),
 }
+#: page -> (folder of saved `windtunnel lm-score` outputs, title).
+LM_PAGES = {"docs/results-lm.md": ("results/lm", "Results of the language-model scorings")}
 #: The pages of the paper's claims, whose verdicts make the README's headline table.
 CLAIM_PAGES = ("docs/results.md", "docs/results-paper.md")
 README = "README.md"
@@ -58,6 +62,7 @@ def headline_table(root: Path = ROOT) -> str:
 def rendered(root: Path = ROOT) -> dict[str, str]:
     """Every generated file's path (relative to ``root``) and its text."""
     pages = {page: results_page(root / folder, title, shown_as=folder) for page, (folder, title) in PAGES.items()}
+    pages.update({page: lm_results_page(root / folder, title) for page, (folder, title) in LM_PAGES.items()})
     readme = (root / README).read_text()
     block = re.compile(re.escape(HEADLINE_BEGIN) + r".*?" + re.escape(HEADLINE_END), re.S)
     if not block.search(readme):

