@@ -24,7 +24,8 @@ tokenizers = pytest.importorskip("tokenizers")
 from windtunnel.cli import main  # noqa: E402
 from windtunnel.lm.geometry import language_model_geometry  # noqa: E402
 from windtunnel.lm.load import load_language_model  # noqa: E402
-from windtunnel.lm.score import next_symbol_episode, restricted_predictive, score_language_model  # noqa: E402
+from windtunnel.lm.score import next_symbol_episode, reliability, restricted_predictive, score_language_model  # noqa: E402
+from windtunnel.tunnels import Episode  # noqa: E402
 from windtunnel.lm.text import format_for  # noqa: E402
 from windtunnel.tunnels import make_tunnel  # noqa: E402
 
@@ -79,6 +80,20 @@ def test_restriction_and_renormalization_match_a_hand_computation():
         assert probs[0, t].tolist() == pytest.approx([v / sum(on) for v in on], abs=1e-15)  # float64 round-off
         assert leaked[0, t].item() == pytest.approx(1 - sum(on) / sum(e), abs=1e-15)
     assert probs.dtype == torch.float64
+
+
+def test_reliability_bins_match_a_hand_count():
+    q = torch.tensor([[[0.05, 0.95], [0.5, 0.5]], [[0.12, 0.88], [1.0, 0.0]]], dtype=torch.float64)  # [B=2, P=2, C=2]
+    p = torch.tensor([[[0.0, 1.0], [0.3, 0.7]], [[0.2, 0.8], [1.0, 0.0]]], dtype=torch.float64)
+    target = Episode(torch.zeros(2, 2, dtype=torch.int64), torch.arange(2), torch.zeros(2, 2, dtype=torch.int64), p, p[..., 0])
+    curve = reliability([q], [target], bins=4)
+    # by hand: [0, .25): 0.05, 0.12, 0.0 -> exact 0.0, 0.2, 0.0; [.5, .75): 0.5, 0.5 -> 0.3, 0.7;
+    # [.75, 1]: 0.95, 0.88, 1.0 -> 1.0, 0.8, 1.0 (q = 1 in the last bin); [.25, .5) empty
+    assert curve["count"] == [3, 0, 2, 3]
+    assert curve["mean_predicted"][0] == pytest.approx(0.17 / 3, abs=1e-15) and curve["mean_exact"][0] == pytest.approx(0.2 / 3, abs=1e-15)
+    assert curve["mean_predicted"][1] is None and curve["mean_exact"][1] is None
+    assert curve["mean_predicted"][2] == pytest.approx(0.5, abs=1e-15) and curve["mean_exact"][2] == pytest.approx(0.5, abs=1e-15)
+    assert curve["mean_predicted"][3] == pytest.approx(2.83 / 3, abs=1e-15) and curve["mean_exact"][3] == pytest.approx(2.8 / 3, abs=1e-15)
 
 
 def test_bijection_text_is_the_stated_format(tiny):

@@ -57,6 +57,20 @@ def markdown(result: dict[str, Any], *, heading: str = "##", figures: str | None
     lines += _table(["predictor", "entropy MAE (bits) [95% CI]", "KL (bits) [95% CI]",
                      "mass on symbols ruled out", "mass outside the symbols"], rows)
     lines.append("")
+    curves = {name: row["reliability"] for name, row in result["rows"].items() if "reliability" in row}
+    if curves:
+        lines += ["Calibration against the exact posterior: every probability a predictor gives a symbol, binned; per "
+                  "bin its mean, the mean exact probability of the same symbols, and how many (calibrated: equal means).", ""]
+        header = ["predicted probability"] + [f"{ROW_NAMES.get(name, name)}: mean predicted / exact (n)" for name in curves]
+        edges = next(iter(curves.values()))["bin_edges"]
+        table = []
+        for i in range(len(edges) - 1):
+            cells = [f"{edges[i]:.1f}-{edges[i + 1]:.1f}"]
+            for curve in curves.values():
+                q, p, n = curve["mean_predicted"][i], curve["mean_exact"][i], curve["count"][i]
+                cells.append(f"{q:.3f} / {p:.3f} ({n})" if n else "")
+            table.append(cells)
+        lines += _table(header, table) + [""]
     if figures:
         lines += [f"![calibration]({figures}/calibration.png)", ""]
     geometry = result.get("geometry")
@@ -94,7 +108,7 @@ def draw_figures(result: dict[str, Any], folder: Path) -> list[Path]:
     """``calibration.png`` (entropy, KL and leaked mass by position) and, with geometry, ``geometry.png``."""
     written = []
     rows = result["rows"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 3.8))
     first = next(iter(rows.values()))["curves"]
     positions = range(1, len(first["bayes_entropy_bits"]) + 1)
     axes[0].plot(positions, first["bayes_entropy_bits"], color="black", lw=2, label="exact")
@@ -107,10 +121,19 @@ def draw_figures(result: dict[str, Any], folder: Path) -> list[Path]:
     axes[1].set_yscale("log")
     axes[2].plot(positions, rows["language_model"]["leaked_mass_curve"], marker="o", ms=3, color="#c44e52")
     axes[2].set_title("language model: mass outside the symbols", fontsize=9)
-    for ax in axes:
+    for ax in axes[:3]:
         ax.set_xlabel("supervised position")
-    axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7)
+    for name, row in rows.items():
+        if "reliability" in row:
+            curve = row["reliability"]
+            shown = [(q, p) for q, p in zip(curve["mean_predicted"], curve["mean_exact"]) if q is not None]
+            axes[3].plot([q for q, _ in shown], [p for _, p in shown], marker="o", ms=3, label=ROW_NAMES.get(name, name))
+    axes[3].plot([0, 1], [0, 1], color="grey", ls=":", label="calibrated")
+    axes[3].set_xlabel("predicted probability of a symbol (binned)")
+    axes[3].set_ylabel("mean exact probability")
+    axes[3].set_title("calibration against the exact posterior", fontsize=9)
+    for ax in axes[[0, 1, 3]]:
+        ax.legend(fontsize=7)
     fig.suptitle(f"{result['model']['name']} on {result['tunnel_label']}", fontsize=10)
     fig.tight_layout()
     path = folder / "calibration.png"

@@ -28,7 +28,7 @@ from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import NextSymbolPredictive, lacks
 
-__all__ = ["BOOTSTRAP", "context_length", "describe_model", "impossible_mass", "next_symbol_episode", "restricted_predictive", "score_language_model"]
+__all__ = ["BOOTSTRAP", "context_length", "describe_model", "impossible_mass", "next_symbol_episode", "reliability", "restricted_predictive", "score_language_model"]
 
 #: Bootstrap resamples of sequences for the intervals.
 BOOTSTRAP = 1000
@@ -85,6 +85,29 @@ def impossible_mass(predictions: list[Tensor], targets: list[Episode]) -> float:
     return torch.cat(masses).mean().item()
 
 
+#: Equal-width bins of the predicted probability in the reliability curve.
+RELIABILITY_BINS = 10
+
+
+def reliability(predictions: list[Tensor], targets: list[Episode], bins: int = RELIABILITY_BINS) -> dict[str, list]:
+    """The calibration curve against the exact posterior: every (sequence, position, symbol)
+    probability ``q`` a predictor gives, binned by ``q`` into ``bins`` equal bins of [0, 1]; per
+    bin the mean ``q``, the mean exact probability ``p`` of the same entries, and their count
+    (a calibrated predictor has mean ``p`` = mean ``q`` in every bin). Empty bins are None."""
+    q = torch.cat([x.flatten() for x in predictions]).double().cpu()
+    p = torch.cat([t.posterior.flatten() for t in targets]).double().cpu()
+    index = (q * bins).long().clamp_(0, bins - 1)  # q = 1 falls in the last bin
+    count = torch.bincount(index, minlength=bins)
+    sum_q = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, q)
+    sum_p = torch.zeros(bins, dtype=torch.float64).index_add_(0, index, p)
+    return {
+        "bin_edges": [i / bins for i in range(bins + 1)],
+        "mean_predicted": [(a / c).item() if c else None for a, c in zip(sum_q, count)],
+        "mean_exact": [(b / c).item() if c else None for b, c in zip(sum_p, count)],
+        "count": count.tolist(),
+    }
+
+
 def _uniform(episode: Episode) -> Tensor:
     B, P, C = episode.posterior.shape
     return torch.full((B, P, C), 1.0 / C, dtype=torch.float64)
@@ -136,6 +159,7 @@ def score_language_model(
     leaked_all = torch.cat(leaked)  # [N, P]
     rows = {"language_model": score(predictions, targets, bootstrap=BOOTSTRAP, seed=seed)}
     rows["language_model"]["impossible_mass"] = impossible_mass(predictions, targets)
+    rows["language_model"]["reliability"] = reliability(predictions, targets)
     rows["language_model"]["leaked_mass"] = leaked_all.mean().item()
     rows["language_model"]["leaked_mass_max"] = leaked_all.max().item()
     rows["language_model"]["leaked_mass_curve"] = leaked_all.mean(0).tolist()
@@ -148,6 +172,7 @@ def score_language_model(
         carried = [tunnel.next_symbol_predictive(e, predict(e)) for e in eval_set.episodes]
         rows["trained_model"] = score(carried, targets, bootstrap=BOOTSTRAP, seed=seed)
         rows["trained_model"]["impossible_mass"] = impossible_mass(carried, targets)
+        rows["trained_model"]["reliability"] = reliability(carried, targets)
         rows["trained_model"]["run"] = name
     result = {
         "tunnel": tunnel.name,
