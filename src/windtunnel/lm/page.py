@@ -13,12 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from windtunnel.files import atomic_write_text  # noqa: E402
+from windtunnel.figures import save
+from windtunnel.files import atomic_write_text
 
 __all__ = ["RESULT_FILE", "draw_figures", "markdown", "results_page", "write_scoring"]
 
@@ -135,10 +133,8 @@ def draw_figures(result: dict[str, Any], folder: Path) -> list[Path]:
     for ax in axes[[0, 1, 3]]:
         ax.legend(fontsize=7)
     fig.suptitle(f"{result['model']['name']} on {result['tunnel_label']}", fontsize=10)
-    fig.tight_layout()
     path = folder / "calibration.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save(fig, path)
     written.append(path)
     geometry = result.get("geometry")
     if geometry:
@@ -172,10 +168,8 @@ def draw_figures(result: dict[str, Any], folder: Path) -> list[Path]:
         axes[3].legend(fontsize=7)
         for ax in axes:
             ax.set_xlabel("layer")
-        fig.tight_layout()
         path = folder / "geometry.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
+        save(fig, path)
         written.append(path)
     return written
 

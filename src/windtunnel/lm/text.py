@@ -22,6 +22,7 @@ in its pretraining. With ``instruction`` a one-line description of the task come
 from __future__ import annotations
 
 import string
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -106,8 +107,8 @@ class _Builder:
         return len(self.ids) - 1
 
 
-class TextFormat:
-    """Renders one tunnel's episodes; subclasses write :meth:`_sequence`."""
+class TextFormat(ABC):
+    """Renders one tunnel's episodes; each tunnel's format defines :meth:`alphabets` and :meth:`_sequence`."""
 
     tunnel_name: ClassVar[str]
     #: The one-line instruction (with ``instruction=True``), formatted with the tunnel's fields.
@@ -119,9 +120,9 @@ class TextFormat:
         # the tokenizer's own convention: a BOS first only where it adds one itself
         self.prefix = [bos] if bos is not None and getattr(tokenizer, "add_bos_token", False) else []
 
+    @abstractmethod
     def alphabets(self) -> dict[str, list[int]]:
         """Role -> the token of each symbol of that role, in the tunnel's order."""
-        raise NotImplementedError
 
     def render(self, episode: Episode, *, generator: torch.Generator | None = None, instruction: bool = False,
                pad_id: int = 0) -> Rendered:
@@ -155,10 +156,10 @@ class TextFormat:
     class_role: ClassVar[str]
     key_role: ClassVar[str]
 
+    @abstractmethod
     def _sequence(self, builder: _Builder, episode: Episode, i: int, maps: dict[str, list[int]]) -> tuple[list[int], list[int]]:
         """Append sequence ``i``; return the language-model position of each tunnel token (-1
         where it is text) and the read position of each supervised position."""
-        raise NotImplementedError
 
 
 class BijectionText(TextFormat):
