@@ -46,8 +46,10 @@ def write_config() -> Callable[..., Path]:
 
 
 def _processes_naming(*paths: object) -> list[int]:
-    """Pids of the live (not zombie) processes whose command line names one of ``paths``:
-    training workers name their run directory, a local Ray instance its temp directory."""
+    """Pids of the live (not zombie) processes whose command line names one of ``paths``, or
+    that run inside one: training workers run in their runs folder (naming the run by its
+    name alone), a local Ray instance names its temp directory."""
+    folders = [os.path.realpath(str(path)) for path in paths]
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -57,9 +59,11 @@ def _processes_naming(*paths: object) -> list[int]:
                 command = f.read().decode(errors="replace")
             with open(f"/proc/{entry}/stat") as f:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            where = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
-            continue  # exited meanwhile
-        if not zombie and any(str(path) in command for path in paths):
+            continue  # exited meanwhile, or not ours to read
+        inside = any(where == folder or where.startswith(folder + os.sep) for folder in folders)
+        if not zombie and (inside or any(str(path) in command for path in paths)):
             found.append(int(entry))
     return found
 

@@ -29,6 +29,8 @@ from windtunnel.reproduce import plan_analyses, plan_runs
 from windtunnel.run_config import load_run_config
 from windtunnel.studies import GROUPS, PRESET_NAMES, SCALES, configs_folder
 
+from test_results_paths import machine_paths_under
+
 #: A finished tiny reproduction to copy instead of running one: `make mutate` builds it once
 #: with the unmutated code, so that each mutant's report tests take seconds, not minutes.
 PREBUILT = os.environ.get("WINDTUNNEL_TINY_REPRODUCTION")
@@ -153,12 +155,24 @@ def test_the_manifest_lists_the_scale_and_every_run(tiny):
     assert manifest["planned"] == [run["name"] for run in manifest["runs"]]  # every planned run is there
     assert (manifest["scale"], manifest["stage"], manifest["hardware"]) == ("tiny", "done", scale.hardware)
     assert manifest["cuts"] == list(scale.cuts) and manifest["wall_s"] > 0
-    assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {PREBUILT or tiny}"
+    out = manifest["command"].partition(" --out ")[2]
+    assert manifest["command"] == f"windtunnel reproduce --scale tiny --out {out}"
+    # relative to the folder it ran in, else the folder's name: never a path of the machine
+    assert not Path(out).is_absolute() and Path(out).name == Path(PREBUILT or tiny).name
     jobs = plan_runs(scale, tiny)
     assert [run["name"] for run in manifest["runs"]] == [job.name for job in jobs]  # plan order: the runs table's
     for run, job in zip(manifest["runs"], jobs):
         assert run["run_dir"] == f"runs/{job.name}" and tiny / run["run_dir"] == job.run_dir
         assert run["name"] == f"{run['preset']}_seed{run['seed']}" and run["seed"] == job.resolved().train.seed
+
+
+def test_nothing_the_reproduction_writes_holds_a_path_of_this_machine(tiny):
+    """Its --out is an absolute temporary folder: the manifest, the runs' files and logs, the
+    analyses and the report name what they need relative to it, or by name."""
+    assert machine_paths_under(tiny) == []
+    for result in (tiny / "analysis").glob("*/*.json"):  # each run as the manifest names it
+        run_dirs = json.loads(result.read_text())["run_dirs"]
+        assert run_dirs and all(d == f"runs/{Path(d).name}" for d in run_dirs), result
 
 
 def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_path, capsys):

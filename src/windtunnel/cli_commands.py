@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from windtunnel.analysis.runner import analyze
-from windtunnel.config import ConfigError
+from windtunnel.config import ConfigError, to_mapping
 from windtunnel.export import export_run
-from windtunnel.files import DirectoryInUse, directory_lock
+from windtunnel.files import DirectoryInUse, directory_lock, portable_path
 from windtunnel.jobs import TrainJob
 from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, model_class, params_by_part
@@ -44,10 +44,13 @@ def cmd_sample(args: argparse.Namespace) -> None:
     chunk = min(args.n, SAMPLE_CHUNK)
     check_fits(f"sampling {chunk} sequence(s) of {tunnel}", tunnel.sample_bytes(chunk), "lower the tunnel's sizes")
     generator = torch.Generator().manual_seed(args.seed)
+    # Each line names the tunnel and its parameters: with the hypothesis the record shows, all
+    # that the exact posterior depends on (docs/tunnels.md, "Checking a sample by hand").
+    described = {"name": tunnel.name, "parameters": to_mapping(tunnel)}
     for start in range(0, args.n, SAMPLE_CHUNK):
         episode = tunnel.sample(min(SAMPLE_CHUNK, args.n - start), generator=generator)
         for i in range(episode.batch_size):
-            record = episode.record(i)
+            record = {"tunnel": described, **episode.record(i)}
             print(json.dumps(record) if args.format == "json" else _table(tunnel, record, start + i))
         sys.stdout.flush()
 
@@ -225,7 +228,7 @@ def cmd_lm_score(args: argparse.Namespace) -> None:
         tunnel = config.tunnel
         if tunnel.name != args.tunnel:
             raise ConfigError(f"--beside {args.beside!r} is a run on the {tunnel.name} tunnel, not {args.tunnel}")
-        trained = (f"{args.beside} (step {step})", trained_model)
+        trained = (f"{portable_path(args.beside, Path.cwd())} (step {step})", trained_model)
     else:
         tunnel = make_tunnel(args.tunnel, overrides=args.overrides)
     check_tunnel(tunnel)
@@ -255,11 +258,12 @@ def cmd_lm_score(args: argparse.Namespace) -> None:
 
 def _lm_command(args: argparse.Namespace) -> str:
     """The lm-score command as typed, from its parsed arguments (defaults left out)."""
-    words = ["windtunnel lm-score", args.tunnel, "--out", args.out]
+    here = Path.cwd()  # paths as typed, or relative to where the command ran: never this machine's own
+    words = ["windtunnel lm-score", args.tunnel, "--out", portable_path(args.out, here)]
     for flag, value, default in (("--model", args.model, None), ("--n", args.n, 128), ("--batch-size", args.batch_size, 8),
                                  ("--seed", args.seed, 0), ("--beside", args.beside, None), ("--geometry-n", args.geometry_n, 64)):
         if value != default:
-            words += [flag, str(value)]
+            words += [flag, portable_path(value, here) if flag in ("--model", "--beside") else str(value)]
     words += [flag for flag, on in (("--fresh-symbols", args.fresh_symbols), ("--instruction", args.instruction),
                                     ("--geometry", args.geometry)) if on]
     return " ".join(words + [f"--set {o}" for o in args.overrides])
@@ -280,7 +284,9 @@ def _table(tunnel: Any, record: dict[str, Any], index: int) -> str:
             lines.append(f"{label} (decoded from the header):")
             lines += ["  " + " ".join(f"{p:.2f}" for p in row) for row in record[label]]
     if "system" in record:
-        lines.append(f"system: {record['system']} of the bank")
+        system = record["system"]
+        lines.append(f"system {system['index']} of the bank's {len(record['bank']['r'])}: r = {system['r']:.4f}")
+        lines += [f"  {label} = {system[label]}" for label in ("A", "c")]
     lines.append(f"tokens: {' '.join(map(str, record['tokens']))}")
     values = record.get("value_inputs")  # a tunnel whose observations are read as values: show them beside the token
     lines.append(f"{'step':>4} {'pos':>4} {'token':>5} {'value' if values else '':>9} {'target':>6} {'H_bits':>7}  posterior")

@@ -47,7 +47,7 @@ from windtunnel import __version__
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_bytes
 from windtunnel.models import Transformer, model_class, unwrap_model
-from windtunnel.runs import load_run_model, read_run_config
+from windtunnel.runs import load_run_model, read_run_config, recorded_run_dir
 
 __all__ = [
     "FORMATS",
@@ -457,7 +457,7 @@ def export_run(
         "hooked_transformer_config": hooked_transformer_config(model),
         "windtunnel": {
             "version": __version__,
-            "run_dir": str(run_dir),
+            "run_dir": recorded_run_dir(run_dir),
             "step": trained,
             "tunnel": config.tunnel.name,
             "model": config.model_kind,

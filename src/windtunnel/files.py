@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_FILE", "DirectoryInUse", "atomic_write_bytes", "atomic_write_text", "directory_lock", "has_content"]
+__all__ = ["LOCK_FILE", "DirectoryInUse", "atomic_write_bytes", "atomic_write_text", "directory_lock", "has_content", "portable_path"]
 
 LOCK_FILE = ".lock"
 
@@ -56,6 +56,19 @@ def _umask() -> int:
 def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
     atomic_write_bytes(path, text.encode())
+
+
+def portable_path(path: Path | str, *bases: Path | str) -> str:
+    """``path`` as a file that travels between machines records it: relative to the first of
+    ``bases`` that holds it (POSIX separators), else its name alone. A path of this machine
+    (``/tmp/...``, a home folder) would mean nothing to a reader of a committed result."""
+    where = Path(os.path.abspath(path))
+    for base in bases:
+        try:
+            return where.relative_to(os.path.abspath(base)).as_posix()
+        except ValueError:
+            continue
+    return where.name
 
 
 def has_content(directory: Path) -> bool:

@@ -79,6 +79,11 @@ class TrainJob:
         return load_run_config(self.config, self.overrides)
 
     @property
+    def runs_folder(self) -> Path:
+        """The folder that holds the run directory, where the worker runs (:func:`train_command`)."""
+        return self.run_dir.parent
+
+    @property
     def log(self) -> Path:
         """Where the worker's output goes: ``logs/`` beside the run directory (which must
         start empty, and which a glob over the runs should not also match)."""
@@ -116,14 +121,16 @@ def _protocol(config: RunConfig) -> RunConfig:
 
 def train_command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[str]:
     """The `windtunnel train` command line that starts (``new``) or resumes (``partial``) ``job``
-    with the Python running this process."""
+    with the Python running this process, to run in ``job.runs_folder``: it names the run by
+    its folder's name, so what the worker prints into its log (the run it trained, how to
+    resume it) holds no path of this machine."""
     base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
     if nproc_per_run > 1:  # one DDP run over several processes (GPUs), through PyTorch's own launcher
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_run}", "-m"]
         base = [sys.executable, *launcher, "windtunnel", "train", "--quiet"]
     if state == "partial":
-        return [*base, "--resume", str(job.run_dir)]
-    return [*base, str(job.config), "--out", str(job.run_dir), *(f"--set={o}" for o in job.overrides)]
+        return [*base, "--resume", job.run_dir.name]
+    return [*base, str(job.config.absolute()), "--out", job.run_dir.name, *(f"--set={o}" for o in job.overrides)]
 
 
 def _progress(job: TrainJob) -> tuple[int, float]:
@@ -190,7 +197,8 @@ def run_jobs(
                     job.log.parent.mkdir(parents=True, exist_ok=True)
                     with job.log.open("a") as log:
                         process = subprocess.Popen(
-                            train_command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                            train_command(job, state, nproc_per_run), cwd=job.runs_folder, stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True,
                         )
                     running[job.name] = (job, process, time.monotonic())
                     say(f"[train] {'resuming' if state == 'partial' else 'starting'} {job.name}")
@@ -292,8 +300,13 @@ def threads_per_run(parallel: int, nproc_per_run: int = 1) -> int:
 
 
 def worker_env(threads: int) -> dict[str, str]:
-    """The environment of a ``windtunnel train`` worker: this one, with ``threads`` threads."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    """The environment of a ``windtunnel train`` worker: this one, with ``threads`` threads,
+    and any ``PYTHONPATH`` made absolute (the worker runs in its runs folder: a relative entry
+    would find other code, or none)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+    return env
 
 
 @contextmanager

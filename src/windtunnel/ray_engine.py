@@ -269,7 +269,7 @@ def train_on_node(job: TrainJob, state: State, nproc_per_run: int, threads: int,
         # Its own session, as under the local engine: a signal to this worker's process
         # group does not reach it; this task passes the one SIGINT on.
         process = subprocess.Popen(
-            train_command(job, state, nproc_per_run), stdout=log, stderr=subprocess.STDOUT,
+            train_command(job, state, nproc_per_run), cwd=job.runs_folder, stdout=log, stderr=subprocess.STDOUT,
             env=worker_env(threads), start_new_session=True,
             preexec_fn=_interrupt_when_orphaned,  # noqa: PLW1509 (two system calls, no locks taken)
         )

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from windtunnel.config import ConfigError
-from windtunnel.files import atomic_write_text, has_content
+from windtunnel.files import atomic_write_text, has_content, portable_path
 from windtunnel.jobs import Engine, TrainJob, job_state, threads_per_run
 from windtunnel.progress import AnalysesProgress
 from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE, RUNS_DIR
@@ -261,7 +261,9 @@ def reproduce(
     jobs = _slice(planned, only_runs, time_limit_s)
     present = [job for job in planned if job.name in {j.name for j in jobs} or (job.run_dir / CONFIG_FILE).is_file()]
     groups = plan_analyses(present, study.groups)
-    command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {out}"
+    # --out relative to the working folder, else its name: the manifest travels with the results
+    where = portable_path(out, Path.cwd())
+    command = f"windtunnel reproduce --scale {scale.name}" + (f" --only {study.name}" if study.name != "claims" else "") + f" --out {where}"
     if only_runs:
         command += f" --only-runs {' '.join(only_runs)}"
     command += "".join(f" --set {override}" for override in overrides)

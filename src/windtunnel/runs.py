@@ -8,6 +8,7 @@ A run directory is what ``windtunnel train`` writes (see
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_relabeling
-from windtunnel.files import atomic_write_text, has_content
+from windtunnel.files import atomic_write_text, has_content, portable_path
 from windtunnel.history import end_step, read_metrics
 from windtunnel.run_config import RunConfig, build_run_model, load_run_config, run_config_from_mapping
 from windtunnel.training.tracking import check_installed
@@ -37,7 +38,7 @@ from windtunnel.training.checkpoint import (
 )
 from windtunnel.tunnels import TUNNELS
 from windtunnel.tunnels.capabilities import Relabeling, declares, lacks
-from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE
+from windtunnel.run_layout import CONFIG_FILE, EVAL_FILE, MANIFEST_FILE, RUNS_DIR
 
 __all__ = [
     "evaluate_run",
@@ -47,9 +48,21 @@ __all__ = [
     "prepare_new_run",
     "prepare_resume",
     "read_run_config",
+    "recorded_run_dir",
     "run_end_step",
 ]
 
+
+def recorded_run_dir(run_dir: Path | str) -> str:
+    """How a result file names the run in ``run_dir``: relative to the reproduction folder
+    that holds it (``runs/<run>``, as its manifest names it), else the run folder's name.
+    Never a path of this machine, so a result reads the same wherever it is copied; readers
+    take its last part, the run's name, which a result holding the path as given has too."""
+    run_dir = Path(os.path.abspath(run_dir))
+    reproduction = run_dir.parent.parent
+    if run_dir.parent.name == RUNS_DIR and (reproduction / MANIFEST_FILE).is_file():
+        return portable_path(run_dir, reproduction)
+    return run_dir.name
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
@@ -192,7 +205,7 @@ def evaluate_run(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     predictor = model_predictor(model, device=device)
-    result: dict[str, Any] = {"run_dir": str(run_dir), "step": trained, "model": config.model_kind, "n": n or e.n, "horizons": {}}
+    result: dict[str, Any] = {"run_dir": recorded_run_dir(run_dir), "step": trained, "model": config.model_kind, "n": n or e.n, "horizons": {}}
     for h in horizons:
         eval_set = EvalSet.draw(tunnel, horizon=h, n=n or e.n, batch_size=e.batch_size, seed=e.seed)
         scores = evaluate(predictor, eval_set, tunnel=tunnel, bootstrap=e.bootstrap, seed=e.seed)

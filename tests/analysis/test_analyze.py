@@ -60,6 +60,7 @@ def test_analyze_seeds_together(runs, tmp_path):
     assert main(["analyze", str(runs / "seed0"), str(runs / "seed1"), "--only", "layer_ablation", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "layer_ablation.json").read_text())
     assert result["runs"] == 2 and not (tmp_path / "head_ablation.json").exists()
+    assert result["run_dirs"] == ["seed0", "seed1"]  # outside a reproduction, by name: no path of this machine
 
 
 def test_sweep_trains_each_seed_and_keeps_finished_runs(tmp_path, capsys):

@@ -34,6 +34,23 @@ def test_the_exact_posterior_reads_out_as_the_exact_class_posterior(classes, sym
     assert torch.allclose(one[informative, 0], torch.ones(int(informative.sum()), dtype=torch.float64), atol=1e-9)
 
 
+def test_a_ruled_out_class_reads_as_zero_and_one_class_left_says_nothing():
+    tunnel = ModelSelectionTunnel(n=6, classes=("involution", "three_cycles", "rotation", "bijection"), L=6)
+    episode = tunnel.sample(300, generator=torch.Generator().manual_seed(1))
+    q, exact = tunnel.class_predictives(episode).flatten(0, 1), episode.class_posterior.flatten(0, 1)
+    possible = exact > 0
+    weights, informative = read_class_posterior(episode.posterior.flatten(0, 1), q, possible)
+    some_out = (~possible).any(-1) & (possible.sum(-1) >= 2)
+    assert (informative & some_out).any()  # the case: read among the classes left
+    # least squares on an exactly consistent system: float64 rounding only
+    torch.testing.assert_close(weights[informative], exact[informative], rtol=0, atol=1e-9)
+    assert (weights[~possible] == 0).all()
+    assert not informative[possible.sum(-1) == 1].any()
+    # an answer far from every mixture still gives no weight to a ruled-out class
+    uniform = torch.full_like(episode.posterior.flatten(0, 1), 1 / 6)
+    assert (read_class_posterior(uniform, q, possible)[0][~possible] == 0).all()
+
+
 def test_the_simplex_projection_is_scipys_constrained_minimum():
     rng = np.random.default_rng(0)
     for _ in range(20):

@@ -677,3 +677,33 @@ def test_registered_analyses_average_seeds_and_draw_figures(tmp_path):
     assert len(manifold["measures"]) == 3  # the bijection has value tokens
     for measure in manifold["measures"].values():
         assert measure["random_init"] == {key: measure[key] for key in ("pc1_variance", "correlation")}
+
+
+@torch.no_grad()
+def test_the_shifted_output_key_measure_keeps_the_layernorm_shift():
+    """The variant the authors' later script computes on a norm with a shift: LN(tok_emb) with
+    the shift, then W_K. Expected keys from the definition in numpy: (x - mean) / sqrt(var + eps)
+    * scale + shift on token t's embedding e_t + e_8, then each head's read-out coordinates."""
+    tunnel = BijectionTunnel(V=3)
+    model = embedding_key_model(tunnel)
+    model.blocks[0].attn.ln.bias.fill_(0.7)
+    result = key_orthogonality([model], episodes_of(tunnel, n=16), tunnel)
+    shifted, plain = result["measures"]["normalized_output_keys_abs_shifted"], result["measures"]["normalized_output_keys_abs"]
+    eps = model.blocks[0].attn.ln.eps
+    expected = []
+    for coordinates in (list(range(8)), [*range(6), 8]):  # head 0 reads 0..7; head 1 reads 0..5 and 8
+        keys = []
+        for t in (3, 4, 5):
+            x = np.zeros(D_MODEL)
+            x[[t, 8]] = 1.0
+            normalized = (x - x.mean()) / np.sqrt(x.var() + eps) + float(np.float32(0.7))  # the shift as stored
+            keys.append(normalized[coordinates])
+        keys = np.array(keys)
+        unit = keys / np.linalg.norm(keys, axis=1, keepdims=True)
+        cosines = unit @ unit.T
+        expected.append(np.abs(cosines[~np.eye(3, dtype=bool)]).mean())
+    # float64 arithmetic on the same float32 weights, in another order: 1e-12
+    assert shifted["heads"][0][0] == pytest.approx(expected, abs=1e-12)
+    assert plain["heads"][0][0] == pytest.approx([1 / 7, 39 / 103], abs=1e-12)  # the shift is left out there
+    assert shifted["heads"][0][0] != pytest.approx(plain["heads"][0][0], abs=1e-2)
+    assert shifted["tokens"] == [3, 4, 5]

@@ -238,6 +238,7 @@ def test_lm_score_command_writes_the_scoring(tiny, tmp_path, capsys):
     saved = json.loads((out / "lm_score.json").read_text())
     assert saved["rows"]["language_model"]["kl_bits"] == printed["language_model"]["kl_bits"]
     assert saved["how"]["command"].startswith("windtunnel lm-score hmm --out")
+    assert saved["model"]["path"] == tiny.name  # outside any installed package: its name, no path of this machine
     assert {p.name for p in out.iterdir()} - {".lock"} == {"lm_score.json", "calibration.png", "geometry.png", "report.md"}
     assert "A measurement, not a claim of the paper" in (out / "report.md").read_text()
 

@@ -261,7 +261,7 @@ def test_the_tiny_study_trains_compares_and_reports_every_architecture_on_every_
     assert main(["reproduce", "--scale", "tiny", "--only", "architectures", "--out", str(out)]) == 0
     manifest = json.loads((out / "reproduce.json").read_text())
     assert (manifest["study"], manifest["scale"], manifest["stage"]) == ("architectures", "tiny", "done")
-    assert manifest["command"] == f"windtunnel reproduce --scale tiny --only architectures --out {out}"
+    assert manifest["command"] == "windtunnel reproduce --scale tiny --only architectures --out arch"  # a temporary folder: its name
     for tunnel in PRIMITIVE_TUNNELS:
         result = json.loads((out / "analysis" / tunnel / "model_comparison.json").read_text())
         assert list(result["models"]) == list(ARCHITECTURES) and result["primitive"] in PRIMITIVES

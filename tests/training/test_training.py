@@ -170,6 +170,7 @@ def test_eval_scores_against_closed_forms(reference_run):
     assert result.returncode == 0, result.stderr
     scores = json.loads((reference_run / "eval.json").read_text())
     assert scores["step"] == 30 and set(scores["horizons"]) == {"3", "5"}
+    assert scores["run_dir"] == "run"  # outside a reproduction, by name: no path of this machine
     for horizon, h in scores["horizons"].items():
         # The oracle is the posterior itself: 0 bits up to float64 rounding of log2.
         assert scores["horizons"][horizon]["oracle"]["mae_bits"] < 1e-12 and h["oracle"]["kl_bits"] < 1e-12

@@ -193,7 +193,7 @@ def test_windtunnel_sample_shows_the_values_and_a_bad_parameter_exits_2(capsys, 
     monkeypatch.chdir(tmp_path)
     assert main(["sample", "kalman", "--n", "1", "--format", "table", "--set", "L=4"]) == 0
     out = capsys.readouterr().out
-    assert "system:" in out and "value" in out
+    assert "system " in out and " of the bank" in out and "  A = " in out and "value" in out
     assert main(["sample", "kalman", "--set", "rho_max=1.5"]) == 2
     assert "rho_max=1.5 are out of range" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

@@ -14,7 +14,9 @@ from scipy import stats
 from windtunnel.cli import main
 from windtunnel.config import ConfigError
 from windtunnel.tunnels import make_tunnel
-from windtunnel.tunnels.model_selection import ModelSelectionTunnel, class_sizes
+from windtunnel.tunnels.model_selection import CLASSES, ModelSelectionTunnel, class_sizes
+
+from member_enumeration import class_members, posteriors_by_counting
 
 
 def _is_member(name: str, f: tuple[int, ...], n: int) -> bool:
@@ -68,6 +70,62 @@ def test_the_posteriors_are_those_of_enumerating_every_member_of_every_class(par
         # counting against closed forms: the same rationals, float64 rounding only
         np.testing.assert_allclose(episode.posterior[b].numpy(), answers, atol=1e-12)
         np.testing.assert_allclose(episode.class_posterior[b].numpy(), classes, atol=1e-12)
+
+
+def _combinations(names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [c for r in range(2, len(names) + 1) for c in itertools.combinations(names, r)]
+
+
+@pytest.mark.parametrize("params", [
+    # every combination of the classes that fit n = 9 and n = 12, where the 3-cycles' closed
+    # forms meet sequences that have ruled them out
+    *({"n": 9, "classes": c, "L": 9} for c in _combinations(("three_cycles", "rotation", "bijection"))),
+    {"n": 9, "classes": ("three_cycles", "rotation", "bijection"), "L": 9, "symbols": "opaque"},
+    *({"n": 12, "classes": c, "L": 12} for c in _combinations(("involution", "three_cycles", "rotation", "bijection"))),
+    {"n": 12, "classes": ("involution", "three_cycles", "bijection"), "L": 16, "with_replacement": True},
+], ids=lambda p: "-".join(",".join(v) if isinstance(v, tuple) else str(v) for v in p.values()))
+def test_the_posteriors_are_those_of_counting_the_members_of_every_class_at_n_9_and_12(params):
+    tunnel = ModelSelectionTunnel(**params)
+    members = {c: class_members(c, tunnel.n) for c in tunnel.classes}
+    episode = tunnel.sample(32, generator=torch.Generator().manual_seed(3))
+    sigma = episode.relabel.numpy()
+    for b in range(32):
+        answers, classes = posteriors_by_counting(tunnel.n, tunnel.classes, episode.inputs[b].tolist(),
+                                                  episode.outputs[b].tolist(), members)
+        # counting against closed forms: the same rationals, float64 rounding only
+        np.testing.assert_allclose(episode.posterior[b].numpy()[:, sigma[b]], answers, atol=1e-12)
+        np.testing.assert_allclose(episode.class_posterior[b].numpy(), classes, atol=1e-12)
+    # Among the cases: a class ruled out while another is still in doubt, or only one left.
+    assert (episode.class_posterior == 0).any()
+
+
+def test_a_sequence_that_rules_the_three_cycles_out_keeps_a_distribution():
+    """Sequence 99 of ``sample model_selection --n 200 --seed 49 --set n=9 --set
+    classes=three_cycles,rotation,bijection --set L=9 --set symbols=opaque``: from pair 5 on
+    only the bijections remain (class posterior [0, 0, 1] by counting)."""
+    tunnel = ModelSelectionTunnel(n=9, classes=("three_cycles", "rotation", "bijection"), L=9, symbols="opaque")
+    episode = tunnel.sample(200, generator=torch.Generator().manual_seed(49))
+    members = {c: class_members(c, 9) for c in tunnel.classes}
+    answers, classes = posteriors_by_counting(9, tunnel.classes, episode.inputs[99].tolist(), episode.outputs[99].tolist(),
+                                              members)
+    assert classes[4:].tolist() == [[0.0, 0.0, 1.0]] * 5
+    assert torch.isfinite(episode.posterior[99]).all() and torch.isfinite(episode.class_posterior[99]).all()
+    np.testing.assert_allclose(episode.class_posterior[99].numpy(), classes, atol=1e-12)
+    np.testing.assert_allclose(episode.posterior[99].numpy()[:, episode.relabel[99].numpy()], answers, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [5, 6, 7])
+def test_members_built_by_construction_are_those_found_by_filtering_every_permutation(n):
+    checked = 0
+    for name in CLASSES:
+        try:
+            ModelSelectionTunnel(n=n, classes=(name,), L=1)
+        except ConfigError:  # the class does not fit n
+            continue
+        built = class_members(name, n).tolist()
+        assert len(built) == len({tuple(f) for f in built}) and {tuple(f) for f in built} == set(_enumerate(name, n))
+        checked += 1
+    assert checked >= 3
 
 
 def test_involutions_against_three_cycles_after_two_pairs_is_four_sevenths():

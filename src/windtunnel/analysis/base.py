@@ -31,7 +31,7 @@ from windtunnel.evaluation import EvalSet, evaluate, model_predictor
 from windtunnel.models import Role, model_class, run_with_trace
 from windtunnel.results import RESULT_TYPES, AnalysisResult
 from windtunnel.run_config import RunConfig, build_run_model
-from windtunnel.runs import load_run_model
+from windtunnel.runs import load_run_model, recorded_run_dir
 from windtunnel.training.distributed import pick_device
 from windtunnel.tunnels import Episode
 
@@ -100,6 +100,11 @@ class Run:
     config: RunConfig
     model: nn.Module
     step: int
+
+    @property
+    def recorded_dir(self) -> str:
+        """How a result names the run: :func:`~windtunnel.runs.recorded_run_dir` of its directory."""
+        return recorded_run_dir(self.directory)
 
     @property
     def key(self) -> RunKey:
@@ -291,7 +296,7 @@ class Analysis:
         tunnel = runs[0].config.tunnel
         header = {
             "analysis": self.name,
-            "run_dirs": [str(r.directory) for r in runs],
+            "run_dirs": [r.recorded_dir for r in runs],
             "tunnel": runs[0].config.to_mapping()["tunnel"],
             "task_variant": tunnel.describe(),
             "tunnel_label": tunnel.label(),

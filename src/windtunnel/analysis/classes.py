@@ -9,9 +9,11 @@ class predicts differently from the others"):
 
 - **read out** of the model's predictive ``p``: the weights on the simplex whose mixture
   ``sum_c w_c q_c`` is nearest to ``p`` (least squares on the offsets ``q_c - q_K``, then the
-  Euclidean projection onto the simplex). Only where the classes' predictives are linearly
-  independent (the smallest singular value of the offsets above :data:`INFORMATIVE`) does the
-  answer say anything of the class; elsewhere the position is left out and counted;
+  Euclidean projection onto the simplex), among the classes the pairs before have not ruled
+  out (a ruled-out class has no predictive; its weight is 0). Only where two or more classes
+  remain and their predictives are linearly independent (the smallest singular value of the
+  offsets above :data:`INFORMATIVE`) does the answer say anything of the class; elsewhere the
+  position is left out and counted;
 - **probed**: a ridge regression of the class posterior on the residual stream at each depth
   (fit on the first :data:`~windtunnel.analysis.probes.TRAIN_FRACTION` of the sequences, its
   strength chosen on held-out ones), its prediction projected onto the simplex.
@@ -54,24 +56,41 @@ def project_to_simplex(v: Tensor) -> Tensor:
     return (v - theta).clamp_min(0.0)
 
 
-def read_class_posterior(predictive: Tensor, class_predictives: Tensor) -> tuple[Tensor, Tensor]:
+def read_class_posterior(predictive: Tensor, class_predictives: Tensor, possible: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The class weights whose mixture of ``class_predictives`` is nearest to ``predictive``.
 
     Args:
         predictive: ``[N, C]`` a model's answer distribution at ``N`` positions.
         class_predictives: ``[N, K, C]`` each class's own predictive there (``K >= 2``).
+        possible: ``[N, K]`` bool, the classes the pairs before have not ruled out (None: all).
+            A ruled-out class has no predictive to mix: its weight is 0 and the weights are
+            read among the others; where one class is left the answer says nothing of the class.
 
     Returns:
-        ``[N, K]`` float64 weights on the simplex, and ``[N]`` bool: where the classes'
-        predictives are independent enough (:data:`INFORMATIVE`) for the weights to mean anything.
+        ``[N, K]`` float64 weights on the simplex, and ``[N]`` bool: where at least two classes
+        are possible and their predictives are independent enough (:data:`INFORMATIVE`) for
+        the weights to mean anything.
     """
     p, q = predictive.double(), class_predictives.double()
-    offsets = (q[:, :-1] - q[:, -1:]).transpose(1, 2)  # [N, C, K-1]
-    target = (p - q[:, -1])[..., None]  # [N, C, 1]
-    informative = torch.linalg.svdvals(offsets)[:, -1] > INFORMATIVE  # [N]
-    solution = torch.linalg.lstsq(offsets, target, driver="gelsd").solution[..., 0]  # [N, K-1]
-    weights = torch.cat([solution, 1.0 - solution.sum(-1, keepdim=True)], -1)
-    return project_to_simplex(weights), informative
+    N, K = q.shape[:2]
+    if possible is None:
+        possible = torch.ones(N, K, dtype=torch.bool, device=q.device)
+    weights = possible.double() / possible.sum(-1, keepdim=True).clamp_min(1)
+    informative = torch.zeros(N, dtype=torch.bool, device=q.device)
+    for pattern in possible.unique(dim=0):  # the classes still possible, one set of positions at a time
+        at = (possible == pattern).all(-1)
+        classes = pattern.nonzero()[:, 0]
+        if len(classes) < 2:
+            continue
+        q_at = q[at][:, classes]  # [n, k, C]
+        offsets = (q_at[:, :-1] - q_at[:, -1:]).transpose(1, 2)  # [n, C, k-1]
+        target = (p[at] - q_at[:, -1])[..., None]  # [n, C, 1]
+        informative[at] = torch.linalg.svdvals(offsets)[:, -1] > INFORMATIVE
+        solution = torch.linalg.lstsq(offsets, target, driver="gelsd").solution[..., 0]  # [n, k-1]
+        read = torch.zeros(int(at.sum()), K, dtype=torch.float64, device=q.device)
+        read[:, classes] = project_to_simplex(torch.cat([solution, 1.0 - solution.sum(-1, keepdim=True)], -1))
+        weights[at] = read
+    return weights, informative
 
 
 def class_posterior_mae(estimate: Tensor, exact: Tensor) -> Tensor:
@@ -110,7 +129,8 @@ def class_posterior(runs: Sequence[Run]) -> dict[str, Any]:
     for run in runs:
         points = _probe_points(run.model)
         residuals, predictive = _residuals(run.model, episodes, [name for _, _, name in points])
-        weights, informative = read_class_posterior(predictive[test].flatten(0, 1), predictives[test].flatten(0, 1))
+        weights, informative = read_class_posterior(predictive[test].flatten(0, 1), predictives[test].flatten(0, 1),
+                                                    exact[test].flatten(0, 1) > 0)
         errors = class_posterior_mae(weights, exact[test].flatten(0, 1)).view(-1, P)  # [N_test, P]
         informative = informative.view(-1, P)
         share = informative.double().mean(0)  # [P]
@@ -122,7 +142,7 @@ def class_posterior(runs: Sequence[Run]) -> dict[str, Any]:
             probe_layers.append({"layer": layer, "name": label, "alpha": probe.alpha,
                                  "mae": class_posterior_mae(estimate, exact[test].flatten(0, 1)).mean().item()})
         row = {
-            "run_dir": str(run.directory),
+            "run_dir": run.recorded_dir,
             "readout_positions": positions,
             "readout_mae_by_position": [errors[informative[:, p], p].mean().item() for p in positions],
             "informative_share_by_position": share.tolist(),

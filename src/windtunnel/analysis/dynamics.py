@@ -38,7 +38,7 @@ from windtunnel.analysis.base import Run, eval_set_for, model_device, register, 
 from windtunnel.analysis.stats import pca, spearman
 from windtunnel.evaluation import METRICS, score
 from windtunnel.run_config import build_run_model
-from windtunnel.runs import read_run_config
+from windtunnel.runs import read_run_config, recorded_run_dir
 from windtunnel.training.checkpoint import (
     CheckpointError,
     list_snapshots,
@@ -205,7 +205,7 @@ def training_dynamics(
     ordered = [rows[step] for step in steps]
     has_attention = bool(attention_layers)
     result: dict[str, Any] = {
-        "run_dir": str(run_dir),
+        "run_dir": recorded_run_dir(run_dir),
         "steps": steps,
         "reference_step": steps[-1],
         "n_sequences": episode.batch_size,

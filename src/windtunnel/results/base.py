@@ -193,7 +193,9 @@ class AnalysisResult:
 
     Attributes:
         analysis: the registered analysis that wrote it.
-        run_dirs: the run directories it read, as given.
+        run_dirs: the runs it read, each as :func:`~windtunnel.runs.recorded_run_dir` names it
+            (``runs/<run>`` in a reproduction, else the run's folder name); readers take the last
+            part, the run's name, which a result holding the paths as given has too.
         tunnel: the tunnel's name and parameters (``{"name": "hmm", "S": 5, ...}``): the
             task variant every number belongs to.
         task_variant: the tunnel's own words for that variant (``"floor 0.05, grid 0.01"``;

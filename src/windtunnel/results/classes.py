@@ -40,7 +40,7 @@ class RunClassPosterior:
     """One run's class posterior, read out and probed.
 
     Attributes:
-        run_dir: the run.
+        run_dir: the run, as :func:`~windtunnel.runs.recorded_run_dir` names it.
         readout_mae: the class-posterior MAE of the read-out, over every informative
             position of the test sequences (absent where no position is informative).
         readout_positions: the supervised positions (index into ``positions``) with at least

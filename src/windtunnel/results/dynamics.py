@@ -45,7 +45,7 @@ class TrainingDynamics(AnalysisResult):
 
     Attributes:
         run: the label of the run read (one run's history is the measurement).
-        run_dir: the run's directory.
+        run_dir: the run's directory, as :func:`~windtunnel.runs.recorded_run_dir` names it.
         steps: ``[S]`` the snapshot steps on disk, ascending.
         reference_step: the last of them: the final model every divergence is taken to.
         n_sequences: the size of the fixed batch every snapshot is run on.

@@ -17,7 +17,8 @@ class PhaseRun:
     """One run's phases.
 
     Attributes:
-        run: the run's label; run_dir: its directory; seed: its training seed.
+        run: the run's label; run_dir: its directory, as :func:`~windtunnel.runs.recorded_run_dir`
+            names it; seed: its training seed.
         eval_steps, eval_mae_bits: its held-out error curve (every ``train.eval_every`` steps).
         learning_step: the first evaluation below the geometric mean of the first evaluation's
             error and the final one; None where the error fell by less than ``left_factor``.

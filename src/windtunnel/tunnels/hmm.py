@@ -72,6 +72,7 @@ class HMMEpisode(Episode):
         transition, emission = decode_header(self.tokens[i : i + 1], S, M)  # what the model reads
         record["T"] = transition[0].tolist()
         record["E"] = emission[0].tolist()
+        record["initial"] = self.initial[i].tolist()
         record["states"] = self.states[i].tolist()
         record["observations"] = self.observations[i].tolist()
         return record

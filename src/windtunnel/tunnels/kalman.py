@@ -82,19 +82,24 @@ class KalmanBank(NamedTuple):
 
 @dataclass(frozen=True)
 class KalmanEpisode(Episode):
-    """An :class:`Episode` plus the hidden system and the observations.
+    """An :class:`Episode` plus the hidden system, the observations and the bank they came from.
 
     Attributes:
         system: ``[B]`` int64 the bank index of each sequence's system.
         observations: ``[B, L]`` float64 ``y_1..y_L`` (float32 values; the last is only a target).
+        bank: every system of the tunnel (the prior's support, uniform over it): the exact
+            posterior mixes all of them, so a record that shows one could not be checked.
     """
 
     system: Tensor
     observations: Tensor
+    bank: KalmanBank
 
     def record(self, i: int) -> dict[str, Any]:
         record = super().record(i)
-        record["system"] = int(self.system[i])
+        k = int(self.system[i])
+        record["system"] = {"index": k, **{name: matrix[k].tolist() for name, matrix in self.bank._asdict().items()}}
+        record["bank"] = {name: matrix.tolist() for name, matrix in self.bank._asdict().items()}
         record["observations"] = self.observations[i].tolist()
         return record
 
@@ -301,6 +306,7 @@ class KalmanTunnel:
             value_inputs=value_inputs,
             system=system,
             observations=observations,
+            bank=self.bank,
         )
 
     def sample(self, batch_size: int, *, generator: torch.Generator, horizon: int | None = None) -> KalmanEpisode:

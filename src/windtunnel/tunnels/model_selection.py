@@ -21,7 +21,9 @@ the ``s`` open arrows (probability ``1/u`` each, ``u`` free elements) or starts 
 another free element (``3k / (u (u - 1))`` each, ``k = (u - s) / 3``), the counts of
 completions ``u! / (k! 3^k)`` worked out in the tests against enumeration. The class posterior
 is ``w_c`` proportional to ``pi_c |C_c(D)| / |C_c|``, updated after each pair by ``q_c`` of its
-answer, and the next answer's posterior is ``sum_c w_c q_c``, in float64. Brute-force
+answer, and the next answer's posterior is ``sum_c w_c q_c``, in float64. Once the pairs rule
+a class out (``q_c`` of an answer seen is 0) its weight stays 0 and its predictive is uniform: the
+closed forms count completions of a state the class cannot be in. Brute-force
 enumeration of every member of every class is the oracle (tests/tunnels/test_tunnel_model_selection.py).
 
 Symbols (``symbols``): ``integer``, each value its own token; ``opaque``, each sequence draws a
@@ -134,8 +136,8 @@ def _class_predictive(name: str, x: Tensor, forward: Tensor, backward: Tensor, f
 
     ``forward[b, v]`` is the answer seen for input ``v`` (-1: none), ``backward[b, v]`` the
     input seen with answer ``v`` (-1: none); ``first`` the first pair's input and answer, or
-    None before any. Where ``D`` already rules the class out the row is a distribution of no
-    meaning: its weight is 0."""
+    None before any. Only meaningful while ``D`` is consistent with the class (the caller
+    replaces a ruled-out class's row: see :meth:`ModelSelectionTunnel._posteriors`)."""
     B = x.shape[0]
     batch = torch.arange(B, device=x.device)
     values = torch.arange(n, device=x.device)
@@ -307,14 +309,21 @@ class ModelSelectionTunnel:
         log_weight = torch.zeros(B, len(self.classes), dtype=torch.float64, device=device)
         posteriors, class_posteriors, predictives = [], [], []
         first = None
+        uniform = torch.full((n,), 1.0 / n, dtype=torch.float64, device=device)
         for k in range(L):
             x, y = inputs[:, k], outputs[:, k]
+            # A class the pairs have ruled out has no state its closed forms describe (a 3-cycle's
+            # counts go negative once an involution's pair is seen): its weight stays 0 and its
+            # predictive is the uniform stand-in, so nothing of it reaches the mixture.
+            alive = log_weight > -math.inf  # [B, C]
             q = torch.stack([_class_predictive(c, x, forward, backward, first, n) for c in self.classes], 1)  # [B, C, n]
+            q = torch.where(alive[..., None], q, uniform)
             weight = torch.softmax(log_weight, -1)  # [B, C]
             class_posteriors.append(weight)
             predictives.append(q)
             posteriors.append(torch.einsum("bc,bcn->bn", weight, q))
-            log_weight = log_weight + torch.log(q[batch, :, y])  # -inf where a class cannot give y
+            # -inf where a class cannot give y, and from then on
+            log_weight = torch.where(alive, log_weight + torch.log(q[batch, :, y]), -math.inf)
             forward[batch, x] = y
             backward[batch, y] = x
             if first is None:
@@ -436,7 +445,8 @@ class ModelSelectionTunnel:
 
     def class_predictives(self, episode: ModelSelectionEpisode) -> Tensor:
         """``[B, P, classes, n]`` each class's own predictive of each answer symbol (what the
-        next-answer posterior mixes with the class posterior's weights)."""
+        next-answer posterior mixes with the class posterior's weights); uniform for a class the
+        pairs before have ruled out."""
         _, _, predictive = self._posteriors(episode.inputs, episode.outputs)  # integer values
         inverse = episode.relabel.argsort(-1)[:, None, None, :].expand_as(predictive)
         return predictive.gather(3, inverse)  # symbol j is the value sigma^-1(j)
