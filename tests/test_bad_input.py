@@ -23,7 +23,8 @@ import pytest
 
 from windtunnel.cli import main
 from windtunnel.files import directory_lock
-from windtunnel.run_layout import RESUME_FILE
+from windtunnel.run_layout import RESUME_FILE, WEIGHTS_INDEX
+from windtunnel.runs import keep_final_weights
 from windtunnel.training.checkpoint import list_snapshots, snapshot_path
 from windtunnel.tunnels import TUNNELS
 
@@ -226,7 +227,7 @@ CASES: list[Case] = [
     ]],
     # --- --set overrides of a run config ----------------------------------------------
     *_sets("info {cfg}", "override", [
-        ("train.lr", "override 'lr' is not of the form key=value"),
+        ("train.lr", "override 'train.lr' is not of the form key=value"),
         ("lr=1", "does not start with a section"),
         ("optimizer.lr=1", "does not start with a section"),
         ("train.lr=", "train.lr='' has the wrong type"),
@@ -244,7 +245,7 @@ CASES: list[Case] = [
         ("train.steps=0", "steps=0 is out of range"),
         ("train.batch_size=0", "batch_size=0 is out of range"),
         ("train.seed=99999999999999999999999", "train.seed=99999999999999999999999 is out of range"),
-        ("train.seed=-1", "seed=-1 is out of range"),
+        ("train.seed=-1", "error: train.seed=-1 is out of range"),
         ("train.betas=0.9", "train.betas=[0.9] is out of range: need two numbers"),
         ("train.betas=2,0", "betas=[2.0, 0.0] is out of range"),
         ("train.schedule=linear", "train.schedule='linear' has the wrong type"),
@@ -356,6 +357,26 @@ CASES: list[Case] = [
     # --- info ---------------------------------------------------------------------------------
     Case("info", "info {run}/config.json --set train.lr=nan", "train.lr=nan is out of range"),
     Case("info", "info {cfg_not_object}/config.json", "must be a table of sections"),
+    Case("info", "info /dev/null", "config file '/dev/null' is not a regular file"),
+    Case("override", "info {cfg} --set eval.seed=-1", "error: eval.seed=-1 is out of range"),
+    Case("override", "info {cfg} --set train.=5", "override 'train.=5' is not of the form key=value"),
+    # --- export ---------------------------------------------------------------------------------
+    Case("export", "export {run} --to transformer-lens {locked}", "in use by another windtunnel command"),
+    # --- lm-score: the tunnels it has a text format for -------------------------------------------
+    Case("lm-score", "lm-score markov --out {tmp}/lm", "unknown tunnel 'markov' for lm-score; choose one of: bijection, hmm"),
+    # --- a damaged file in a finished run: named with what to do, before any work, by every reader --
+    *[Case("damaged run", command.format(run=f"{{{damaged}}}"), fragment)
+      for damaged, fragment in [
+          ("metrics_mid_garbage", "line 2 is not a metrics record: 'garbage': delete that line or restore the file"),
+          ("provenance_bad", "provenance.json' is damaged (line 1: Expecting property name enclosed in double quotes): "
+                             "restore it from a copy, or delete it"),
+          ("eval_bad", "eval.json' is damaged (not a JSON object): delete it and run `windtunnel eval`"),
+          ("weights_index_bad", "model.safetensors.index.json' is damaged (line 1: Expecting value): restore the weights"),
+      ]
+      for command in ("eval {run}", "analyze {run} --only calibration training_dynamics",
+                      "export {run} --to transformer-lens {{tmp}}/x", "train --resume {run}",
+                      "train --resume {run} --force --set train.steps=60")],
+    Case("damaged run", "sweep {cfg} --seeds 1 --out {sweep_damaged}", "line 2 is not a metrics record"),
 ]
 
 
@@ -404,6 +425,20 @@ def world(tmp_path_factory) -> dict[str, str]:
     broken("snapshot_tampered", lambda d: flip_byte(snapshot_path(d, final)))
     broken("snapshot_bad_meta", lambda d: snapshot_path(d, final).with_suffix(".json").write_text("{"))
     broken("untrained", lambda d: (shutil.rmtree(d / "checkpoints"), (d / RESUME_FILE).unlink()))
+
+    def garbage_line(folder: Path) -> None:  # neither the first line nor the last (a crash's)
+        lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+        assert len(lines) >= 2
+        (folder / "metrics.jsonl").write_text("".join([*lines[:1], "garbage\n", *lines[1:]]))
+
+    broken("metrics_mid_garbage", garbage_line)
+    broken("provenance_bad", lambda d: (d / "provenance.json").write_text("{garbage"))
+    broken("eval_bad", lambda d: (d / "eval.json").write_text("[]"))
+    broken("weights_index_bad", lambda d: (keep_final_weights(d), (d / "weights" / WEIGHTS_INDEX).write_text("")))
+    sweep = root / "sweep_damaged"
+    sweep.mkdir()
+    shutil.copytree(paths["metrics_mid_garbage"], sweep / "seed_0")
+    paths["sweep_damaged"] = sweep
     empty = root / "empty"
     empty.mkdir()
     paths["empty"] = empty
@@ -449,3 +484,78 @@ def test_the_suite_covers_every_family_with_enough_cases():
     assert len(CASES) >= 150 and len(set(map(str, CASES))) == len(CASES), "cases must be distinct"
     assert set(families) >= {"usage", "sample", "memory", "config file", "override", "train", "resume", "eval",
                               "analyze", "sweep", "reproduce"}
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    ("analyze {ro}", "cannot be written (Read-only file system): write the analyses elsewhere with --out DIR"),
+    ("export {run} --to transformer-lens {ro}/export", "cannot be written (Read-only file system): give a folder you can write to"),
+    ("eval {ro}", "cannot be written (Read-only file system)"),
+])
+def test_a_read_only_folder_is_refused_before_any_work_saying_what_to_do(argv, fragment, world, tmp_path, monkeypatch, capsys):
+    """A read-only mount (simulated: the lock file's creation fails with EROFS there, as the
+    kernel refuses it; a test cannot mount one) is named in one line before any work."""
+    import errno
+    import os
+
+    from windtunnel import files
+
+    ro = tmp_path / "ro"
+    shutil.copytree(world["run"], ro, ignore=shutil.ignore_patterns(".lock"))
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(ro)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(files.os, "open", read_only)
+    before = _files(tmp_path)
+    code = main([part.format(ro=ro, **world) for part in argv.split()])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], lines
+    assert _files(tmp_path) == before
+
+
+def test_an_empty_export_path_is_named_as_empty(world, capsys):
+    before = _files(Path(world["tmp"]).parent)
+    assert main(["export", world["run"], "--to", "transformer-lens", ""]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["windtunnel: error: OUT is empty: give the path of a new folder for the export"]
+    assert _files(Path(world["tmp"]).parent) == before
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(world, tmp_path, monkeypatch, capsys):
+    """The write fails as a full disk fails it (ENOSPC from write(), which names no file): the line
+    names the file, and the run is as it was."""
+    from windtunnel import files
+
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: _Full(fd))
+    before = _files(tmp_path)
+    assert main(["eval", str(run)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"{str(run / 'eval.json')!r}: No space left on device" in lines[0], lines
+    assert _files(tmp_path) == before
+
+
+class _Full:
+    """A file object whose writes fail as on a full disk."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import os
+
+        os.close(self.fd)
+
+    def write(self, data: bytes) -> int:
+        import errno
+        import os
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

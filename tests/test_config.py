@@ -86,3 +86,14 @@ def test_values_no_parameter_can_take_are_out_of_range(cls, field, value, messag
         cls(**{field: value})
     assert message in str(info.value)
     assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1  # the largest that fits is fine
+
+
+def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Some editors start a UTF-8 file with a byte-order mark; TOML has no place for it."""
+    from windtunnel.run_config import load_run_config
+
+    text = '[tunnel]\nname = "bijection"\nV = 6\n[model]\nkind = "transformer"\n'
+    plain, marked = tmp_path / "plain.toml", tmp_path / "marked.toml"
+    plain.write_text(text)
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_run_config(marked) == load_run_config(plain)

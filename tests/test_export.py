@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import transformer_lens  # the test extra installs it: its absence must fail, no
 from safetensors.torch import load_file
 
 from windtunnel.cli import main
+from windtunnel.files import LOCK_FILE, directory_lock
 from windtunnel.export import (
     CONFIG_FILE,
     HOOK_MATCHES,
@@ -196,7 +198,8 @@ def test_cli_export_then_load_gives_the_runs_logits(runs, capsys):
     assert main(["export", str(run_dir), "--to", "transformer-lens", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["export"] == str(out) and printed["step"] == 10 and printed["max_logit_difference_float64"] <= ATOL
-    assert sorted(p.name for p in out.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, CONFIG_FILE, WEIGHTS_FILE]  # the writers' lock, released
+    assert (out / LOCK_FILE).read_text() == ""  # no pid of a finished holder
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]  # no staging folder left behind
 
     _, model, _ = load_run_model(run_dir)
@@ -226,6 +229,34 @@ def test_cli_export_then_load_gives_the_runs_logits(runs, capsys):
     assert main(["export", str(run_dir), "--to", "transformer-lens", str(out), "--overwrite"]) == 0
     assert torch.equal(load_transformer_lens(out).get_parameter("unembed.b_U"), loaded.get_parameter("unembed.b_U"))
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]
+
+
+def test_two_exports_into_one_new_folder_one_succeeds_the_other_is_refused(runs, tmp_path):
+    """Both started at once: one takes OUT's writers' lock and exports; the other is refused in
+    one line, exit 2 (OUT in use while the first works, or OUT existing once it is done: either
+    way nothing of the first is replaced). OUT holds one whole export, and nothing else is left."""
+    out = tmp_path / "shared"
+    command = [sys.executable, "-m", "windtunnel", "export", str(runs / "transformer"), "--to", "transformer-lens", str(out)]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=180), *p.communicate()) for p in processes]
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    (_, winner_out, _), (_, _, loser_err) = sorted(results, key=lambda r: r[0])
+    lines = loser_err.strip().splitlines()
+    assert len(lines) == 1 and ("is in use by another windtunnel command" in lines[0] or "exists: give a new path" in lines[0])
+    assert json.loads(winner_out)["export"] == str(out)
+    load_transformer_lens(out)  # whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared"]  # no staging folder
+
+
+def test_a_second_writer_is_refused_while_an_export_holds_out(runs, tmp_path, capsys):
+    """The lock is the one every writer takes: an export into a folder another command holds is
+    refused before any work, and changes nothing."""
+    out = tmp_path / "held"
+    out.mkdir()
+    with directory_lock(out):
+        assert main(["export", str(runs / "transformer"), "--to", "transformer-lens", str(out)]) == 2
+        assert "is in use by another windtunnel command" in capsys.readouterr().err
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
 
 
 def test_export_refuses_a_transformer_lens_that_computes_something_else(runs, monkeypatch, capsys):

@@ -195,10 +195,27 @@ def test_the_report_rebuilt_from_the_saved_folder_alone_is_the_same(tiny, tmp_pa
     assert "hmm_mlp_seed0" in unescaped and "A smoke test of the pipeline" in unescaped
 
 
+@pytest.mark.parametrize(("file", "damage", "fragment"), [
+    ("metrics.jsonl", lambda text: text.replace("\n", "\ngarbage\n", 1), "line 2 is not a metrics record"),
+    ("provenance.json", lambda text: "{", "provenance.json' is damaged"),
+    ("config.json", lambda text: text[:20], "config.json' is damaged"),
+])
+def test_a_damaged_run_file_stops_the_report_before_it_reads_anything(tiny, tmp_path, capsys, file, damage, fragment):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny, copy, ignore=shutil.ignore_patterns("*.safetensors", ".lock"))
+    run = sorted((copy / "runs").glob("*_seed0"))[0]
+    (run / file).write_text(damage((run / file).read_text()))
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert main(["report", str(copy)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and str(run) in lines[0], lines
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
 def test_the_report_imports_nothing_of_the_reproduction():
     """Every import of report/build.py and report/folder.py (functions and type-checking blocks
-    included) is of the report, the history, a run's provenance, the result types, the run layout's
-    file names or the standard library: never the plan it reports on."""
+    included) is of the report, the history, a run's provenance, the check of a run's files, the
+    result types, the run layout's file names or the standard library: never the plan it reports on."""
 
     def ours(module) -> set[str]:
         tree = ast.parse(Path(module.__file__).read_text())
@@ -208,7 +225,7 @@ def test_the_report_imports_nothing_of_the_reproduction():
 
     assert ours(report_build) == {"windtunnel.history", "windtunnel.provenance", "windtunnel.report.claim_types", "windtunnel.report.claims",
                                   "windtunnel.report.folder", "windtunnel.report.html", "windtunnel.report.model_selection", "windtunnel.report.phases", "windtunnel.report.primitives",
-                                  "windtunnel.results", "windtunnel.results.generalization", "windtunnel.run_layout"}
+                                  "windtunnel.results", "windtunnel.results.generalization", "windtunnel.run_files", "windtunnel.run_layout"}
     assert ours(report_folder) == {"windtunnel.results", "windtunnel.run_layout"}  # the result types and the file names (leaves)
 
 
@@ -335,9 +352,12 @@ def test_every_figure_shows_its_titles_whole(tiny, tmp_path, monkeypatch):
     problems: dict[str, list[str]] = {}
     savefig = matplotlib.figure.Figure.savefig
 
-    def checked(fig, path, **options):
-        savefig(fig, path, **options)
-        problems[current] = _figure_problems(fig, Path(path))
+    def checked(fig, target, **options):
+        savefig(fig, target, **options)
+        if hasattr(target, "getvalue"):  # drawn in memory before the atomic write: check those bytes
+            (tmp_path / "drawn.png").write_bytes(target.getvalue())
+            target = tmp_path / "drawn.png"
+        problems[current] = _figure_problems(fig, Path(target))
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", checked)
     drawn = 0

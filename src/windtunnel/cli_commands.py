@@ -17,7 +17,7 @@ import torch
 
 from windtunnel.analysis.runner import analyze
 from windtunnel.config import ConfigError, to_mapping
-from windtunnel.export import export_run
+from windtunnel.export import check_out, export_run
 from windtunnel.files import DirectoryInUse, directory_lock, portable_path
 from windtunnel.jobs import TrainJob
 from windtunnel.memory import check_fits
@@ -27,6 +27,7 @@ from windtunnel.report.build import build_report
 from windtunnel.report.folder import ReportError
 from windtunnel.reproduce import reproduce
 from windtunnel.run_config import load_run_config
+from windtunnel.run_files import check_run_files
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.tracking import check_installed
@@ -88,13 +89,14 @@ def _info_table(result: dict[str, Any]) -> str:
 
 
 @contextmanager
-def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
+def _one_writer(directory: Path, *, create: bool = False, elsewhere: str = "give a folder you can write to") -> Iterator[None]:
     """Hold ``directory``'s writer lock for the command (see :mod:`windtunnel.files`).
 
     Only rank 0 of a ``torchrun`` launch takes it (the other ranks write nothing). A
     directory that does not exist is left to the command's own checks, or with ``create``
     made for the lock (with its missing parents), and removed again if the command fails
-    before writing into it.
+    before writing into it. A directory that cannot be written (a read-only mount, no
+    permission) is refused before any work, in one line that ends with ``elsewhere``.
     """
     if int(os.environ.get("RANK", "0")) != 0 or (not directory.is_dir() and not create):
         yield
@@ -104,15 +106,19 @@ def _one_writer(directory: Path, *, create: bool = False) -> Iterator[None]:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"cannot create {str(directory)!r}: {_why_not(directory, error)}") from None
+    locked = False
     try:
         with directory_lock(directory):
+            locked = True
             yield
     except DirectoryInUse:
         raise  # the holder made or owns it: nothing here is ours to remove
-    except BaseException:
+    except BaseException as error:
         for folder in made:
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+        if isinstance(error, OSError) and not locked:  # the lock file itself could not be made
+            raise ConfigError(f"{str(directory)!r} cannot be written ({error.strerror or error}): {elsewhere}") from None
         raise
 
 
@@ -186,6 +192,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     for seed in range(base.train.seed, base.train.seed + args.seeds):
         overrides = (*args.overrides, f"train.seed={seed}")
         jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
+    for job in jobs:  # a seed trained before is resumed: its files must be readable
+        check_run_files(job.run_dir)
     check_engine(args.engine, args.address)  # before the folder is created: a bad request changes nothing
     with _one_writer(out, create=True), open_engine(args.engine, args.address) as engine:
         engine.run_jobs(jobs, parallel=args.jobs)
@@ -195,13 +203,19 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def cmd_analyze(args: argparse.Namespace) -> None:
     run_dirs = [Path(d) for d in args.run_dirs]
     # It writes into --out, or into the one run's directory (RUN_DIR/analysis).
-    with _one_writer(Path(args.out), create=True) if args.out else _one_writer(run_dirs[0]):
+    with _one_writer(Path(args.out), create=True) if args.out else _one_writer(
+        run_dirs[0], elsewhere="write the analyses elsewhere with --out DIR"):
         written = analyze(run_dirs, only=args.only, out=Path(args.out) if args.out else None, device=args.device, say=_say("analyze"))
     print(json.dumps({name: str(path) for name, path in written.items()}))
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    result = export_run(Path(args.run_dir), Path(args.out), to=args.to, step=args.step, overwrite=args.overwrite)
+    if not args.out.strip():
+        raise ConfigError("OUT is empty: give the path of a new folder for the export")
+    out = Path(args.out)
+    check_out(out, overwrite=args.overwrite)  # the refusals that need nothing made, first
+    with _one_writer(out, create=True):  # one writer at a time, as for every folder a command writes
+        result = export_run(Path(args.run_dir), out, to=args.to, step=args.step, overwrite=args.overwrite)
     print(json.dumps(result))
 
 
@@ -212,10 +226,12 @@ def cmd_lm_score(args: argparse.Namespace) -> None:
     from windtunnel.lm.load import default_model_path, load_language_model
     from windtunnel.lm.page import write_scoring
     from windtunnel.lm.score import describe_model, score_language_model
-    from windtunnel.lm.text import check_tunnel, format_for
+    from windtunnel.lm.text import FORMATS, check_tunnel, format_for
     from windtunnel.provenance import commit, cpu_model
     from windtunnel.runs import load_run_model
 
+    if args.tunnel not in FORMATS:  # the tunnels it has a text format for, not every registered one
+        raise ConfigError(f"unknown tunnel {args.tunnel!r} for lm-score; choose one of: {', '.join(sorted(FORMATS))}")
     started = time.perf_counter()
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

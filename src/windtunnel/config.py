@@ -221,8 +221,8 @@ def apply_overrides(cls: type, data: Mapping[str, Any], assignments: Sequence[st
     result: dict[str, Any] = _deep_copy(data)
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {assignment!r} is not of the form key=value")
+        if not sep or not key.strip() or "" in (part.strip() for part in key.split(".")):
+            raise ConfigError(f"override {prefix + assignment!r} is not of the form key=value")
         path = key.strip().split(".")
         owner, node = cls, result
         for depth, part in enumerate(path):

@@ -45,12 +45,14 @@ from torch import Tensor, nn
 
 from windtunnel import __version__
 from windtunnel.config import ConfigError
-from windtunnel.files import atomic_write_bytes
+from windtunnel.files import LOCK_FILE, atomic_write_bytes, has_content
 from windtunnel.models import Transformer, model_class, unwrap_model
+from windtunnel.run_files import check_run_files
 from windtunnel.runs import load_run_model, read_run_config, recorded_run_dir
 
 __all__ = [
     "FORMATS",
+    "check_out",
     "HOOK_MATCHES",
     "ExportError",
     "HookMatch",
@@ -360,14 +362,14 @@ def to_hooked_transformer(model: nn.Module, *, device: str | torch.device = "cpu
 # --- the files -------------------------------------------------------------------------
 
 
-def _check_out(out: Path, *, overwrite: bool) -> None:
+def check_out(out: Path, *, overwrite: bool) -> None:
     """Refuse an output path that holds something, unless ``overwrite`` and it is an earlier export."""
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir() or out.is_symlink():
         raise ExportError(f"OUT {str(out)!r} exists and is not a directory: give a new path")
-    if not any(out.iterdir()):
-        return  # an empty folder is taken, as `train --out` takes one
+    if not has_content(out):
+        return  # an empty folder is taken, as `train --out` takes one (its writers' lock aside)
     if not overwrite:
         raise ExportError(f"OUT {str(out)!r} exists: give a new path, or pass --overwrite to replace an earlier export")
     if not _is_export(out):
@@ -443,7 +445,8 @@ def export_run(
         raise ExportError(f"--to {to!r} is not a format windtunnel exports to; choose one of: {', '.join(FORMATS)}")
     # The cheap checks first: the output path and the run's config say most refusals
     # before TransformerLens (seconds to import) or the weights are read.
-    _check_out(out, overwrite=overwrite)
+    check_out(out, overwrite=overwrite)
+    check_run_files(run_dir)
     kind = read_run_config(run_dir).model_kind
     if not issubclass(model_class(kind), Transformer):
         raise _not_a_transformer(kind)
@@ -476,23 +479,34 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
 
     Missing parents are made, and removed again if the export fails. An existing ``out``
     (checked by the caller: empty, or an export to overwrite) is moved aside first and
-    only deleted once the new folder is in place.
+    only deleted once the new folder is in place. Where ``out`` holds the writers' lock
+    (``windtunnel export`` takes it, as every command that writes a folder does), the lock
+    file moves into the new folder with it: the same file, so the lock stays held throughout.
     """
     out = out.absolute()
     made = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()][::-1]  # outermost first
     for folder in made:
         folder.mkdir()
     aside: Path | None = None
+    lock_moved = False
     staging = out.parent / f".{out.name}.{uuid.uuid4().hex}.tmp"  # hidden; a plain mkdir, so the umask applies
     try:
         staging.mkdir()
         for name, data in files.items():
             atomic_write_bytes(staging / name, data)
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and has_content(out):
             aside = out.parent / f".{out.name}.{uuid.uuid4().hex}.old"
-            os.replace(out, aside)
+            os.replace(out, aside)  # the lock goes with it: moved back below
+            lock = aside / LOCK_FILE
+        else:
+            lock = out / LOCK_FILE
+        if lock.exists():
+            os.replace(lock, staging / LOCK_FILE)
+            lock_moved = True
         os.replace(staging, out)  # onto nothing, or an empty folder
     except BaseException:
+        if lock_moved and (staging / LOCK_FILE).exists():
+            os.replace(staging / LOCK_FILE, (aside or out) / LOCK_FILE)
         shutil.rmtree(staging, ignore_errors=True)
         if aside is not None and not out.exists():
             os.replace(aside, out)

@@ -41,6 +41,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        if error.filename is None:  # a failed write names no file ("No space left on device"): name it
+            raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -39,6 +39,7 @@ from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content, portable_path
 from windtunnel.jobs import Engine, TrainJob, job_state, threads_per_run
 from windtunnel.progress import AnalysesProgress
+from windtunnel.run_files import check_run_files
 from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE, RUNS_DIR
 from windtunnel.runs import keep_final_weights
 from windtunnel.ray_engine import check_engine, open_engine
@@ -259,6 +260,8 @@ def reproduce(
     _check_folder(out, state, study, scale, resume)
     planned = [dataclasses.replace(job, overrides=(*job.overrides, *overrides)) for job in plan_runs(scale, out, study.presets)]
     jobs = _slice(planned, only_runs, time_limit_s)
+    for job in planned:  # a run trained before is resumed, analyzed and reported: its files must be readable
+        check_run_files(job.run_dir)
     present = [job for job in planned if job.name in {j.name for j in jobs} or (job.run_dir / CONFIG_FILE).is_file()]
     groups = plan_analyses(present, study.groups)
     # --out relative to the working folder, else its name: the manifest travels with the results

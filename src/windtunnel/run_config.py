@@ -206,7 +206,7 @@ class TrainConfig:
             raise ConfigError(f"min_lr={self.min_lr} is out of range: need min_lr <= lr={self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas={list(self.betas)} is out of range: need two numbers in [0, 1)")
-        _check_seed("train.seed", self.seed)
+        _check_seed("seed", self.seed)  # named in full by the loader: train.seed
 
 
 #: torch.Generator.manual_seed takes any 64-bit pattern; seeds are kept to the non-negative half
@@ -247,7 +247,7 @@ class EvalConfig:
             raise ConfigError(f"bootstrap={self.bootstrap} is out of range: need >= 0")
         if any(h < 1 for h in self.horizons):
             raise ConfigError(f"horizons={list(self.horizons)} is out of range: every horizon must be >= 1")
-        _check_seed("eval.seed", self.seed)
+        _check_seed("seed", self.seed)  # named in full by the loader: eval.seed
 
 
 @dataclass(frozen=True)
@@ -406,10 +406,12 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfi
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory, not a config file: give the path of a .toml run config")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist: give the path of a .toml run config")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} is not a regular file: give the path of a .toml run config")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not TOML: skipped
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except OSError as error:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror}") from None

@@ -11,6 +11,7 @@ these folders, from the trainer to the report, names them from one place::
       resume.safetensors          the training state to resume from
       checkpoints/step_N/         snapshots (the training-dynamics analysis reads them)
       weights/                    the final weights alone, where the training state was dropped
+        model.safetensors.index.json   their index (tensor -> shard), written last
       tracking.json               the W&B / MLflow run ids
       analysis/<name>.json|png    windtunnel analyze RUN_DIR
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 __all__ = [
     "ANALYSIS_DIR", "CONFIG_FILE", "EVAL_FILE", "INIT_DIR", "LOGS_DIR", "MANIFEST_FILE", "METRICS_FILE",
     "PROVENANCE_FILE", "REPORT_DIR", "RESUME_FILE", "RUNS_DIR", "SNAPSHOT_DIR", "TRACKING_FILE", "WEIGHTS_DIR",
+    "WEIGHTS_INDEX",
 ]
 
 # --- a run directory -----------------------------------------------------------------
@@ -37,6 +39,8 @@ PROVENANCE_FILE = "provenance.json"
 RESUME_FILE = "resume.safetensors"
 SNAPSHOT_DIR = "checkpoints"
 WEIGHTS_DIR = "weights"
+#: The sharded-safetensors index that Hugging Face's tools read (``weight_map``: tensor -> file).
+WEIGHTS_INDEX = "model.safetensors.index.json"
 TRACKING_FILE = "tracking.json"
 #: Analyses: a run directory's own (windtunnel analyze), or a reproduction's, one folder per group.
 ANALYSIS_DIR = "analysis"

@@ -22,6 +22,7 @@ from windtunnel.evaluation import EvalSet, evaluate, model_predictor, score_rela
 from windtunnel.files import atomic_write_text, has_content, portable_path
 from windtunnel.history import end_step, read_metrics
 from windtunnel.run_config import RunConfig, build_run_model, load_run_config, run_config_from_mapping
+from windtunnel.run_files import check_run_files
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.checkpoint import (
     MAX_SHARD_BYTES,
@@ -100,6 +101,7 @@ def prepare_resume(run_dir: Path, overrides: Sequence[str] = (), *, force: bool 
     A run that saved no checkpoint yet resumes from step 0 (the trainer starts it again in place).
     """
     run_dir = Path(run_dir)
+    check_run_files(run_dir)  # before anything is written: a refused resume changes nothing
     stored = read_run_config(run_dir)
     config = run_config_from_mapping(stored.to_mapping(), overrides) if overrides else stored
     check_installed(config.train.log_to)  # before config.json is rewritten
@@ -138,6 +140,7 @@ def load_run_model(run_dir: Path, *, step: int | None = None) -> tuple[RunConfig
     ``step=0`` of a run that kept no step-0 snapshot (a results folder's) is the model rebuilt
     from its config's seed: the trainer builds the initial weights the same way, on the CPU."""
     run_dir = Path(run_dir)
+    check_run_files(run_dir)
     config = read_run_config(run_dir)
     model = build_run_model(config)
     snapshots = list_snapshots(run_dir)

@@ -30,16 +30,18 @@ ALLOWED = {  # subpackage -> windtunnel modules it may import (besides itself)
     "windtunnel.run_layout": set(),
     "windtunnel.history": {"windtunnel.run_layout"},
     "windtunnel.provenance": {"windtunnel.files", "windtunnel.run_layout"},
+    # a run directory's files checked before a command reads them
+    "windtunnel.run_files": {"windtunnel.config", "windtunnel.history", "windtunnel.run_layout"},
     "windtunnel.memory": {"windtunnel.config"},
     # The typed analysis results: plain data, read by the analyses that make them and the report.
     "windtunnel.results": set(),
-    # Figures are drawn from saved JSON alone.
-    "windtunnel.figures": set(),
+    # Figures are drawn from saved JSON alone, and written as every other file is (atomically).
+    "windtunnel.figures": {"windtunnel.files"},
     # The report reads saved results only: never a model, a tunnel, the trainer, or the
     # reproduction that wrote them. It draws the figures that span runs (the phase diagrams)
     # with the figures package's save, so every PNG is written the same way.
     "windtunnel.report": {"windtunnel.files", "windtunnel.figures", "windtunnel.history", "windtunnel.provenance",
-                          "windtunnel.results", "windtunnel.run_layout"},
+                          "windtunnel.results", "windtunnel.run_files", "windtunnel.run_layout"},
 }
 
 #: Layers above a package that it must not import (the arrows run one way: the CLI and the

@@ -43,6 +43,7 @@ from windtunnel.report.phases import PHASE_DIAGRAMS_DIR, draw_phase_diagrams, kn
 from windtunnel.report.primitives import primitive_sections
 from windtunnel.results import AnalysisResult, Summary
 from windtunnel.results.generalization import HorizonScores
+from windtunnel.run_files import check_run_files
 from windtunnel.run_layout import ANALYSIS_DIR, INIT_DIR, REPORT_DIR
 
 __all__ = ["FIGURE_PLAN", "assemble_report", "build_report", "claim_tables", "figure_section_title", "stopped_early"]
@@ -356,6 +357,8 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
     """
     out = Path(out)
     manifest = Manifest.read(out)
+    for run in manifest.runs:  # before anything is read or drawn
+        check_run_files(out / run.run_dir)
     other: Beside | None = None
     if beside is not None:
         other_manifest = Manifest.read(Path(beside))

@@ -36,7 +36,7 @@ from torch import nn
 
 from windtunnel.files import atomic_write_bytes, atomic_write_text
 from windtunnel.models import unwrap_model
-from windtunnel.run_layout import RESUME_FILE, SNAPSHOT_DIR, WEIGHTS_DIR
+from windtunnel.run_layout import RESUME_FILE, SNAPSHOT_DIR, WEIGHTS_DIR, WEIGHTS_INDEX
 
 __all__ = [
     "CheckpointError",
@@ -244,8 +244,6 @@ def load_snapshot(run_dir: Path, model: nn.Module, step: int) -> dict[str, Any]:
 
 # --- final weights, sharded -----------------------------------------------------------
 
-#: The sharded-safetensors index that Hugging Face's tools read (``weight_map``: tensor -> file).
-WEIGHTS_INDEX = "model.safetensors.index.json"
 _WEIGHTS_FORMAT = "windtunnel-weights-1"
 #: Shards of at most 15 MiB: a GPU machine's results come back as files of at most 16 MiB.
 MAX_SHARD_BYTES = 15 * 2**20
