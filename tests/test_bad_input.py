@@ -6,7 +6,7 @@ traceback appears, and that the command changed nothing on disk: the files of th
 test world (configs, trained runs, broken runs) have the same bytes and modes afterwards.
 
 The command runs in-process (``windtunnel.cli.main``), so an uncaught exception fails the
-case with its traceback and the 231 cases take under a minute rather than minutes of interpreter
+case with its traceback and the 250-odd cases take under a minute rather than minutes of interpreter
 start-ups. The few faults that need a real process (Ctrl-C) are in tests/training/test_run_safety.py.
 """
 
