@@ -74,9 +74,10 @@ lm: install
 	$(BIN)/windtunnel lm-score hmm --beside $(LM_OUT)/hmm_run --out $(LM_OUT)/hmm --geometry
 	$(BIN)/windtunnel lm-score hmm --beside $(LM_OUT)/hmm_run --out $(LM_OUT)/hmm-fresh --fresh-symbols
 
-# Test files run side by side, one per core (pytest-xdist): about 8 minutes on 2 cores.
+# Test files run side by side, one per core (pytest-xdist): about 10 minutes on 2 cores. The 20
+# slowest tests are printed last, to see where the time goes.
 test: install-test
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=20
 
 # Mutation testing (mutmut) of the packages docs/testing.md scores, then the score per package
 # (tools/mutation_score.py). Hours for everything on 2 cores; ONLY narrows it to mutant names,

@@ -28,16 +28,37 @@ def _sections(text: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+# Prints argparse's own --help of the program and of each subcommand named on the command line,
+# each after a line "=== NAME": one fresh process for all of them (a process per command costs
+# a torch import each).
+_HELP_TEXTS = """
+import contextlib, io, sys
+from windtunnel.cli import _parser
+for name in sys.argv[1:]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        _parser().parse_args([*([name] if name != "-" else []), "--help"])
+    print("=== " + name)
+    print(out.getvalue())
+"""
+
+
+def _help_texts(*names: str) -> dict[str, str]:
+    printed = subprocess.run([sys.executable, "-c", _HELP_TEXTS, *names], capture_output=True, text=True, check=True).stdout
+    parts = re.split(r"^=== (\S+)$", printed, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
 def test_every_subcommand_and_option_argparse_prints_is_in_the_reference():
     # The oracle is argparse's own --help of each subcommand, read in a fresh process.
     sections = _sections(REFERENCE.read_text())
-    listed = subprocess.run([sys.executable, "-m", "windtunnel", "--help"], capture_output=True, text=True, check=True).stdout
+    listed = _help_texts("-")["-"]
     commands = re.findall(r"^    ([a-z][a-z-]*)(?:\s|$)", listed.split("COMMAND\n", 1)[1].split("\noptions:", 1)[0], flags=re.M)
     assert sorted(sections) == sorted(commands)
+    help_texts = _help_texts(*commands)
+    assert sorted(help_texts) == sorted(commands)
     for command in commands:
-        help_text = subprocess.run([sys.executable, "-m", "windtunnel", command, "--help"],
-                                   capture_output=True, text=True, check=True).stdout
-        options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", help_text.split("options:", 1)[-1])) - {"--help"}
+        options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", help_texts[command].split("options:", 1)[-1])) - {"--help"}
         assert options, command
         missing = [o for o in sorted(options) if f"`{o}" not in sections[command] and f", {o}" not in sections[command]]
         assert not missing, (command, missing)

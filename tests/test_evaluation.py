@@ -489,6 +489,47 @@ def test_relabeling_reports_kl_before_after_and_their_change_by_hand_and_its_lev
     assert single["delta_mae_bits_ci"][0] == single["delta_mae_bits_ci"][1]  # one resample: a point
 
 
+def test_the_delta_kl_interval_is_the_percentile_interval_of_the_paired_change_over_resampled_sequences():
+    """Recomputed in numpy: each resample draws sequences with their before and after together,
+    and the interval is the resampled mean change's (1 - level) / 2 and (1 + level) / 2 quantiles."""
+    n, resamples, seed, level = 40, 300, 2, 0.9
+    small, wrong = np.linspace(0.01, 0.1, n), np.linspace(0.05, 0.45, n)  # after is worst where before is worst
+    eval_set, tunnel = table_eval_set(n, 16), TableTunnel()
+    result = score_relabeling(table_reader([small, wrong]), eval_set, tunnel, seed=seed, bootstrap=resamples, level=level)
+    kl_before, kl_after = -np.log2(1 - small), -np.log2(1 - wrong)  # KL((1, 0) || (1 - e, e)) in bits
+    change = {"delta_kl_bits": kl_after - kl_before,
+              "delta_mae_bits": binary_entropy_bits(wrong) - binary_entropy_bits(small)}
+    # score_relabeling's generator: seeded with seed + 7, one permutation draw per batch, then the resamples.
+    generator = torch.Generator().manual_seed(seed + 7)
+    for episode in eval_set.episodes:
+        torch.rand(episode.batch_size, tunnel.n_labels, generator=generator)
+    draws = torch.randint(0, n, (resamples, n), generator=generator).numpy()  # [R, n] sequence indices
+    for name, per_sequence in change.items():
+        resampled = per_sequence[draws].mean(1)  # the mean change over each resample of sequences
+        # Tolerance: float64 rounding of 40-term means of values under 1 bit.
+        assert result[name + "_ci"] == pytest.approx(np.quantile(resampled, [0.05, 0.95]).tolist(), abs=1e-12), name
+        low, high = result[name + "_ci"]
+        assert low < per_sequence.mean() < high, name
+    # Resampling before and after apart (another resample for each) would read a wider interval:
+    # the two rise together over the sequences, and pairing cancels that.
+    unpaired = kl_after[draws].mean(1) - kl_before[draws[::-1]].mean(1)
+    paired_low, paired_high = result["delta_kl_bits_ci"]
+    assert np.diff(np.quantile(unpaired, [0.05, 0.95]))[0] > paired_high - paired_low
+
+
+def test_a_constant_change_in_kl_has_a_zero_width_interval_at_that_change():
+    """Each sequence's KL rises by exactly 1 bit: every resample's mean change is 1, so is the
+    interval's each end, whatever the resample (the MAE's change is not constant, its interval is wide)."""
+    k = np.tile([1.0, 2.0, 3.0, 4.0], 8)  # 32 sequences
+    before, after = 1 - 2.0 ** -k, 1 - 2.0 ** -(k + 1)  # KL -log2(1 - e) = k bits before, k + 1 after: exact
+    eval_set, tunnel = table_eval_set(32, 16), TableTunnel()  # weights count / 32: exact sums
+    result = score_relabeling(table_reader([before, after]), eval_set, tunnel, seed=4, bootstrap=200)
+    assert result["kl_bits_before"] == 2.5 and result["kl_bits_after"] == 3.5
+    assert result["delta_kl_bits"] == 1.0 and result["delta_kl_bits_ci"] == [1.0, 1.0]
+    low, high = result["delta_mae_bits_ci"]
+    assert low < result["delta_mae_bits"] < high
+
+
 def _small_transformer(tunnel):
     from windtunnel.models import build_model
 

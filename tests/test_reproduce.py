@@ -503,3 +503,158 @@ def test_a_group_of_history_analyses_alone_is_not_analyzed_at_initialization(tmp
     _analyze(folder, groups, lambda line: None)
     assert calls == [("analysis", ("training_phases",)), ("analysis", ("training_phases", "calibration")),
                      ("analysis_at_init", ("calibration",))]
+
+
+# --- A slice of the plan and its time budget (`--only-runs`, `--time-limit`) ---------------------
+
+
+def _job(name: str, expected_s: float | None, tmp_path: Path) -> "TrainJob":
+    from windtunnel.jobs import TrainJob
+
+    return TrainJob(name, tmp_path / "c.toml", tmp_path / "runs" / name, ("train.seed=0",), expected_s=expected_s, preset=name[0])
+
+
+def test_a_slice_is_the_named_runs_in_plan_order_each_given_the_time_limit_as_an_override(tmp_path):
+    """``_slice``'s rule (its docstring): the runs of the plan that ``only_runs`` names (all
+    when it is empty), each with ``train.time_limit_s`` among its overrides when a limit is
+    given; a limit of 0 means none. Worked out by hand for a plan a, b, c, d."""
+    from windtunnel.reproduce import _slice
+
+    plan = [_job("a", 50.0, tmp_path), _job("b", 40.0, tmp_path), _job("c", 30.0, tmp_path), _job("d", None, tmp_path)]
+    chosen = _slice(plan, ("d", "b"), 90.0)
+    # The plan's order (longest first, for packing), not the order the names were given in.
+    assert [job.name for job in chosen] == ["b", "d"]
+    assert [job.overrides for job in chosen] == [("train.seed=0", "train.time_limit_s=90.0")] * 2
+    # expected_s takes no part in a job's equality: the slice must carry it over all the same.
+    assert [job.expected_s for job in chosen] == [40.0, None]
+    assert [(job.run_dir, job.preset) for job in chosen] == [(plan[1].run_dir, "b"), (plan[3].run_dir, "d")]
+    # No names: the whole plan; no limit (0): the overrides as they were.
+    assert _slice(plan, (), 0.0) == plan and [job.overrides for job in _slice(plan, (), 0.0)] == [("train.seed=0",)] * 4
+    assert [job.overrides for job in _slice(plan, ("c",), 0.0)] == [("train.seed=0",)]
+    # A limit under one second is still a limit.
+    assert [job.overrides for job in _slice(plan, ("a",), 0.5)] == [("train.seed=0", "train.time_limit_s=0.5")]
+    assert [job.name for job in _slice(plan, ("a", "b", "c", "d"), 1.0)] == ["a", "b", "c", "d"]
+
+
+def test_a_slice_refuses_a_run_not_in_the_plan_and_a_negative_limit_but_takes_a_limit_of_zero(tmp_path):
+    from windtunnel.config import ConfigError
+    from windtunnel.reproduce import _slice
+
+    plan = [_job("a", 50.0, tmp_path), _job("b", 40.0, tmp_path)]
+    with pytest.raises(ConfigError, match=r"^--only-runs 'x' is not a run of this plan; choose from: a, b$"):
+        _slice(plan, ("a", "x"), 0.0)
+    with pytest.raises(ConfigError, match=r"^--time-limit -0.5 is out of range: need seconds >= 0$"):
+        _slice(plan, ("a",), -0.5)
+    assert [job.name for job in _slice(plan, ("b",), 0.0)] == ["b"]  # 0 is in range: no limit
+
+
+class _RecordingEngine:
+    """An engine that trains nothing: it keeps the jobs it was given, and refuses a warm-up."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, dict]] = []
+
+    def measurer(self, lanes, nproc_per_run, measure):
+        raise AssertionError("a slice with a time limit must not time a warm-up")
+
+    def run_jobs(self, jobs, **kwargs):
+        self.calls.append((list(jobs), kwargs))
+
+
+def _folder_at(tmp_path: Path, warmup_steps: int):
+    import dataclasses
+
+    from windtunnel.reproduce import _Folder
+    from windtunnel.studies import STUDIES
+
+    study = STUDIES["claims"]
+    scale = dataclasses.replace(study.scales["tiny"], warmup_steps=warmup_steps)
+    return _Folder(tmp_path, study, scale, "cmd", runs=(), planned=(), spent_s=0.0)
+
+
+def test_a_time_limit_caps_each_runs_expected_time_and_the_eta_counts_the_runs_not_done(tmp_path, monkeypatch):
+    """The budget of a slice: each run is expected to take its own estimate or the limit,
+    whichever is less (a run without an estimate: the limit), no warm-up is timed (the limit
+    bounds each run already), and the ETA is the capped times of the runs not yet done over
+    the lanes. By hand, limit 150 s on 2 lanes: 500 -> 150, 60 -> 60, none -> 150, and a done
+    run's 1000 -> 150 left out of the ETA: (150 + 60 + 150) / 2 / 60 = 3 min."""
+    import windtunnel.reproduce as reproduce_module
+
+    monkeypatch.setattr(reproduce_module, "job_state", lambda job: "done" if job.name == "done" else "new")
+    jobs = [_job("long", 500.0, tmp_path), _job("short", 60.0, tmp_path), _job("unknown", None, tmp_path),
+            _job("done", 1000.0, tmp_path)]
+    engine, lines = _RecordingEngine(), []
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 3, engine, 2, 1, 150.0, None, lines.append)
+    [(trained, kwargs)] = engine.calls
+    assert [job.name for job in trained] == ["long", "short", "unknown", "done"]
+    assert [job.expected_s for job in trained] == [150.0, 60.0, 150.0, 150.0]
+    assert kwargs == {"parallel": 2, "nproc_per_run": 1, "report": None}
+    assert lines[0] == ("[reproduce] scale tiny, claims: 4 runs, 3 analysis groups; expects "
+                        f"{SCALES['tiny'].hardware}; training ETA ~3 min")
+    assert json.loads((tmp_path / "reproduce.json").read_text())["stage"] == "train"
+
+
+def test_without_a_time_limit_the_expected_times_stand_and_a_scale_with_a_warmup_times_one(tmp_path, monkeypatch):
+    """No limit (0): the estimates are not capped, and a scale that asks for a warm-up gets
+    one (here recorded, not run), with the threads each of the 2 lanes gets. By hand: ETA
+    (600 + 120) / 2 / 60 = 6 min."""
+    import windtunnel.reproduce as reproduce_module
+    from windtunnel.jobs import threads_per_run
+
+    monkeypatch.setattr(reproduce_module, "job_state", lambda job: "new")
+    warmups = []
+
+    def recorded_warmup(jobs, steps, threads, say, measure):
+        warmups.append((steps, threads))
+        return list(jobs)
+
+    monkeypatch.setattr(reproduce_module, "project_from_warmup", recorded_warmup)
+
+    class Engine(_RecordingEngine):
+        def measurer(self, lanes, nproc_per_run, measure):
+            return measure
+
+    jobs = [_job("long", 600.0, tmp_path), _job("short", 120.0, tmp_path)]
+    engine, lines = Engine(), []
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 1, engine, 2, 1, 0.0, None, lines.append)
+    assert warmups == [(4, threads_per_run(2, 1))]
+    [(trained, _)] = engine.calls
+    assert [job.expected_s for job in trained] == [600.0, 120.0]
+    assert [job.overrides for job in trained] == [("train.seed=0",)] * 2
+    assert lines[0].endswith("; training ETA ~6 min")
+    # And a scale without a warm-up times none.
+    warmups.clear()
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=0), jobs, 1, Engine(), 2, 1, 0.0, None, lines.append)
+    assert warmups == []
+
+
+def test_reproduce_trains_only_the_slice_each_with_the_limit_and_a_budget_of_at_most_the_limit(tmp_path, monkeypatch):
+    """`reproduce --only-runs ... --time-limit 7` at the tiny scale (training stopped where it
+    would start): the engine gets the two named runs, in the plan's order (hmm's 20 s estimate
+    before bijection's 12 s), each with ``train.time_limit_s=7.0`` and expected to take 7 s;
+    the manifest lists those two and plans every run."""
+    import windtunnel.reproduce as reproduce_module
+    from windtunnel.jobs import LocalEngine
+
+    given = []
+
+    class Stop(Exception):
+        pass
+
+    def stop_before_training(self, jobs, **kwargs):
+        given.extend(jobs)
+        raise Stop
+
+    monkeypatch.setattr(LocalEngine, "run_jobs", stop_before_training)
+    out = tmp_path / "out"
+    with pytest.raises(Stop):
+        reproduce_module.reproduce("tiny", out, report=lambda line: None, only_runs=("bijection_mlp_seed0", "hmm_transformer_seed0"),
+                                   time_limit_s=7.0)
+    assert [job.name for job in given] == ["hmm_transformer_seed0", "bijection_mlp_seed0"]
+    assert [job.overrides[-1] for job in given] == ["train.time_limit_s=7.0"] * 2
+    assert [job.resolved().train.time_limit_s for job in given] == [7.0, 7.0]
+    assert [job.expected_s for job in given] == [7.0, 7.0]
+    manifest = report_folder.Manifest.read(out)
+    assert [run.name for run in manifest.runs] == ["hmm_transformer_seed0", "bijection_mlp_seed0"]
+    assert len(manifest.planned) == len(plan_runs(SCALES["tiny"], out))
+    assert "--only-runs bijection_mlp_seed0 hmm_transformer_seed0" in manifest.command

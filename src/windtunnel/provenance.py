@@ -1,7 +1,7 @@
 """Where and how a run was trained: the machine, the software, the precision and the speed.
 
 The trainer appends one record per start of a run to ``RUN_DIR/provenance.json`` when that
-start ends (finished, or stopped by its time limit), so a result that moves between machines
+start ends (finished, stopped by its time limit, or interrupted by Ctrl-C with its state saved), so a result that moves between machines
 (a GPU window's run, kept in a results folder) carries what produced it. The report and the
 docs read it from there; nothing in prose restates it.
 """

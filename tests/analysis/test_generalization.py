@@ -139,6 +139,31 @@ def test_a_predictor_blind_to_the_header_is_exactly_relabeling_invariant():
     assert len(result["scatter"]["before"]) == HMM["eval"]["n"]
 
 
+def test_the_relative_change_is_the_size_of_the_mean_change_over_the_mean_error_before(monkeypatch):
+    """Relabeling that helps (ΔMAE < 0) or hurts moves the error by |mean ΔMAE| / mean MAE before: a size, never negative."""
+    rows = iter([(0.2, 0.1), (0.3, 0.28), (0.7, 0.61),  # MAE before and after of each run: ΔMAE -0.1, -0.02, -0.09
+                 (0.25, 0.5), (0.25, 0.25)])  # then a relabeling that hurts: ΔMAE +0.25, 0
+
+    def scored(predictor, eval_set, tunnel, *, seed, bootstrap):  # the runs are scored in order
+        b, a = next(rows)
+        return {"mae_bits_before": b, "mae_bits_after": a, "delta_mae_bits": a - b, "delta_mae_bits_ci": [a - b, a - b],
+                "per_sequence_before": [b], "per_sequence_after": [a]}
+
+    monkeypatch.setattr("windtunnel.analysis.generalization.score_relabeling", scored)
+    result = ANALYSES["relabeling"].compute([constant_run(HMM["model"], SKEWED, seed=s) for s in (0, 1, 2)])
+    # Mean ΔMAE (0.61 + 0.28 + 0.1 - 0.7 - 0.3 - 0.2) / 3 = -0.07; mean MAE before 1.2 / 3 = 0.4.
+    # Tolerance: float64 rounding of three-term sums.
+    assert result["delta_mae_bits"]["mean"] == pytest.approx(-0.07, abs=1e-15)
+    assert result["relative_change"] == pytest.approx(0.07 / 0.4, rel=1e-12)  # 0.175, not -0.175
+    # Not the medians' (0.09 / 0.3), nor against the error after (0.07 / 0.33).
+    assert result["relative_change"] != pytest.approx(0.3) and result["relative_change"] != pytest.approx(0.07 / 0.33)
+    assert result["scatter"] == {"before": [0.2], "after": [0.1]}  # the first run's sequences
+    assert [row["delta_mae_bits"] for row in result["per_run"]] == pytest.approx([-0.1, -0.02, -0.09], abs=1e-15)
+    hurt = ANALYSES["relabeling"].compute([constant_run(HMM["model"], SKEWED, seed=s) for s in (0, 1)])
+    # Mean ΔMAE 0.125 over mean MAE before 0.25 (powers of two: exact).
+    assert hurt["delta_mae_bits"]["mean"] == 0.125 and hurt["relative_change"] == 0.5
+
+
 def test_model_comparison_table_against_closed_forms_and_the_prior_row():
     transformer = constant_run(HMM["model"], SKEWED)
     mlp = constant_run(MLP, UNIFORM)

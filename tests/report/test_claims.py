@@ -471,6 +471,45 @@ def test_seeds_read_the_paper_metric_of_the_tunnel_and_prefer_the_hmm():
     assert no_mlp.holds is False and "no MLP" in no_mlp.ours
 
 
+def test_relabeling_judges_a_seed_that_relabeling_helps_on_the_size_of_its_change():
+    def run(delta, low, high):
+        return {"delta_mae_bits": delta, "delta_mae_bits_ci": [low, high], "mae_bits_before": 0.02, "mae_bits_prior": 0.55,
+                "delta_kl_bits": 0.0, "delta_kl_bits_ci": [0.0, 0.0], "kl_bits_before": 0.002}
+
+    # Seed 1's error falls by 0.004 bits under relabeling, its interval away from 0: |-0.004| / 0.02
+    # = 20% of its MAE, as large a change as a rise would be (a signed -20% would pass under 5%).
+    # Seed 2 rises by as much: the same 20%.
+    result = {"relative_change": 0.01, "per_run": [run(0.0001, -0.0002, 0.0004), run(-0.004, -0.005, -0.003),
+                                                   run(0.004, 0.003, 0.005)]}
+    got = verdicts({"hmm_transformer": {"relabeling": result}})["relabeling"]
+    # Tolerance: 0.004 / 0.02 up to float64 rounding.
+    assert [v["relative_change"] for v in got.measured.per_seed] == pytest.approx([0.005, 0.2, 0.2], rel=1e-12)
+    assert got.seeds == (True, False, False)
+
+
+def test_seeds_take_the_smallest_gap_and_fraction_and_the_largest_spread_over_horizons():
+    def horizon(spread, mlp, gap_to_mlp, mae_spread):
+        metrics = {m: {"mean": 0.01, "std": 0.0, "spread": 1.0, "mlp": 1.1, "gap_to_mlp": 1.0, "gap_over_spread": 1.0} for m in METRICS}
+        metrics["kl_bits"] = {"mean": mlp - gap_to_mlp, "std": 0.0, "spread": spread, "mlp": mlp, "gap_to_mlp": gap_to_mlp,
+                              "gap_over_spread": gap_to_mlp / spread}
+        metrics["mae_bits"] = {**metrics["mae_bits"], "spread": mae_spread}
+        return {"metrics": metrics}
+
+    # K=20: the gap is 0.9 / 0.02 = 45 spreads, 0.9 / 1.5 = 60% of the MLP's error.
+    # K=50: the gap is 0.75 / 0.04 = 18.75 spreads, 0.75 / 1.0 = 75% of the MLP's error.
+    # Each is read at its worst horizon, and the two worst are different horizons.
+    result = {"seeds": [0, 1, 2], "horizons": {"20": horizon(0.02, 1.5, 0.9, 0.03), "50": horizon(0.04, 1.0, 0.75, 0.01)}}
+    got = verdicts({"hmm": {"seeds": result}})["seeds"]
+    # Tolerance: float64 rounding of one division each.
+    assert got.measured.values == {"gap_over_spread": pytest.approx(18.75, rel=1e-12), "gap_fraction": pytest.approx(0.6, rel=1e-12)}
+    assert got.holds is True
+    assert "spread 0.04 bits kl_bits" in got.ours and got.stricter == "mae_bits spread 0.03"  # the largest spreads
+    # One horizon whose gap is under 10 spreads fails the claim, however wide the other's.
+    result["horizons"]["50"] = horizon(0.08, 1.0, 0.75, 0.01)  # 9.375 spreads
+    got = verdicts({"hmm": {"seeds": result}})["seeds"]
+    assert got.measured.values["gap_over_spread"] == pytest.approx(9.375, rel=1e-12) and got.holds is False
+
+
 def key_measure(best: float, chance: float | None = None, signed: float = 0.0) -> dict:
     layer = {"layer": 0, "best_head": {"mean": best, "std": 0.0}, "mean_over_heads": {"mean": signed or best, "std": 0.0}}
     return {"layers": [layer], "chance": {"expected_abs_cos": chance} if chance is not None else {"expected_signed_cos": 0.0}}

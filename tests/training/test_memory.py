@@ -77,3 +77,24 @@ def test_the_estimate_is_exactly_the_bytes_each_sequence_holds(name, overrides, 
     assert all(v.dim() == 0 or v.shape[0] != batch or batch not in v.shape[1:] for v in tensors)
     per_batch = sum(v.nbytes for v in tensors if v.dim() > 0 and v.shape[0] == batch)
     assert tunnel.sample_bytes(batch, horizon) == per_batch
+
+
+@pytest.mark.parametrize("length", [5, 3])
+def test_a_training_steps_estimate_holds_one_float32_attention_matrix_per_sequence_layer_and_head(tmp_path, write_config, length):
+    """The trainer's step estimate (``_step_bytes``) counts the attention scores the backward
+    pass keeps: a T x T float32 matrix (4 bytes an entry) per sequence, layer and head. Two
+    configs that differ in their heads alone (same width, so nothing else changes) differ by
+    exactly 4 * batch * layers * (extra heads) * T * T bytes; batch 3, 5 layers, heads 4 vs 2
+    and T read off a drawn episode (10 or 6 tokens) make every factor count."""
+    from windtunnel.run_config import load_run_config
+    from windtunnel.training.trainer import _step_bytes
+
+    path = write_config(tmp_path)
+    common = ["model.n_layers=5", "model.d_model=16", f"tunnel.L={length}"]
+    two, four = (load_run_config(path, [*common, f"model.n_heads={heads}"]) for heads in (2, 4))
+    T = two.tunnel.sample(1, generator=torch.Generator().manual_seed(0)).tokens.shape[1]  # the oracle for T: what the model reads
+    assert T == 2 * length  # a bijection episode: each of its L pairs is two tokens
+    batch = 3
+    assert _step_bytes(four, batch) - _step_bytes(two, batch) == 4 * batch * 5 * (4 - 2) * T * T
+    # And the term is in the estimate, not beside it: a batch of 3 holds 3 times the activations of 1 on top of the data.
+    assert _step_bytes(four, 3) - four.tunnel.sample_bytes(3) == 3 * (_step_bytes(four, 1) - four.tunnel.sample_bytes(1))

@@ -12,11 +12,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import safetensors.torch
 import torch
 
+from windtunnel.cli import main
+from windtunnel.history import read_metrics, stop_record
 from windtunnel.run_config import load_run_config
 from windtunnel.training import trainer as trainer_module
 from windtunnel.run_layout import RESUME_FILE
@@ -40,10 +43,11 @@ def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, write_config) -> Path:
-    """An uninterrupted 30-step run, trained through the command line."""
+    """An uninterrupted 30-step run, trained through the command line's entry point in this
+    process (so that mutation testing, which changes the code of this process only, sees the
+    tests that read it)."""
     folder = tmp_path_factory.mktemp("reference")
-    result = windtunnel("train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet")
-    assert result.returncode == 0, result.stderr
+    assert main(["train", str(write_config(folder)), "--out", str(folder / "run"), "--quiet"]) == 0
     return folder / "run"
 
 
@@ -65,6 +69,9 @@ def test_run_directory_and_loss_falls(reference_run):
     assert read_resume_step(reference_run) == 30
 
 
+# A real signal to a separate process: the in-process twins below check the same trainer logic where
+# mutation testing (which runs `-m "not slow"` and changes this process's code only) can see it.
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path, write_config):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path)
@@ -90,6 +97,9 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path, write_con
     assert steps == sorted(set(steps))  # lines past the checkpoint were dropped, then rewritten once
 
 
+# A real signal to a separate process: the in-process twins below check the same trainer logic where
+# mutation testing (which runs `-m "not slow"` and changes this process's code only) can see it.
+@pytest.mark.slow
 def test_ctrl_c_saves_and_resumes(reference_run, tmp_path, write_config):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
@@ -426,3 +436,168 @@ def test_the_loss_is_the_cross_entropy_over_classes_and_weight_decay_spares_vect
     assert decay["weight_decay"] == 0.25 and [p.shape for p in decay["params"]] == [torch.Size([4, 3])]
     assert no_decay["weight_decay"] == 0.0 and {id(p) for p in no_decay["params"]} == {
         id(marked), id(model[0].bias), id(model[1].weight), id(model[1].bias)}
+
+
+# --- In process: the time limit, Ctrl-C and resume, as mutation testing can see them ---------
+# The subprocess tests above (SIGKILL, a real SIGINT) need a separate process; these check the
+# same trainer logic inside the test process, on the tiny config, in about a second each.
+
+
+def _clock_jumping_to(monkeypatch, seconds: float, after_step: int):
+    """The trainer's clock reads 0 until ``after_step`` steps are done, then ``seconds``: the
+    step a time limit ends a run at then depends on the steps alone, not this machine's speed.
+    Returns the ``on_step`` hook that moves it."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
+
+    def on_step(step: int) -> None:
+        if step == after_step:
+            clock["now"] = seconds
+
+    return on_step
+
+
+def _provenance_starts(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "provenance.json").read_text())["starts"]
+
+
+def test_a_run_whose_time_limit_is_reached_ends_at_the_next_log_and_says_it_stopped_everywhere(tmp_path, monkeypatch, write_config):
+    """``train.time_limit_s`` (run_config): at the first log boundary with the limit reached
+    the run ends as at a last step (final evaluation, checkpoint and snapshot), with a metrics
+    record ``"stopped": "time_limit"``. Here 50 s have passed, to the second, once step 12 is
+    done: logging every 5 steps, the run ends at step 15 of 20 (neither an evaluation, a
+    checkpoint nor a snapshot step of its own), and everything it wrote says step 15."""
+    on_step = _clock_jumping_to(monkeypatch, 50.0, after_step=12)
+    config = load_run_config(write_config(tmp_path, steps=20, checkpoint_every=1000), ["train.time_limit_s=50", "train.eval_every=0"])
+    result = train(config, tmp_path / "run", progress=False, on_step=on_step)
+    assert result.steps == 15
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [5, 10, 15]
+    assert not [r for r in records[:2] if "stopped" in r]  # the limit was not reached yet
+    assert stop_record(records) is records[-1]
+    assert records[-1]["stopped"] == "time_limit" and records[-1]["time_limit_s"] == 50.0
+    assert "eval_mae_bits" in records[-1] and result.final_eval is not None  # the final evaluation, as at a last step
+    [start] = _provenance_starts(tmp_path / "run")
+    assert start["stopped"] == "time_limit" and (start["start_step"], start["end_step"], start["configured_steps"]) == (0, 15, 20)
+    assert read_resume_step(tmp_path / "run") == 15 and list_snapshots(tmp_path / "run") == [0, 1, 2, 3, 6, 10, 15]
+
+
+@pytest.mark.parametrize(
+    "limit_s, seconds, after_step",
+    [
+        (50.0, 49.5, 2),  # the limit is never reached: 49.5 s < 50 s at every log
+        (50.0, 1000.0, 17),  # reached, but first looked at on the last step (20), which ends the run anyway
+        (0.0, 1e6, 2),  # 0 means no limit, however long the run takes
+    ],
+)
+def test_a_run_that_trains_all_its_steps_does_not_say_it_stopped(tmp_path, monkeypatch, write_config, limit_s, seconds, after_step):
+    on_step = _clock_jumping_to(monkeypatch, seconds, after_step)
+    config = load_run_config(write_config(tmp_path, steps=20, checkpoint_every=1000), [f"train.time_limit_s={limit_s}"])
+    assert train(config, tmp_path / "run", progress=False, on_step=on_step).steps == 20
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [5, 10, 15, 20]
+    assert not [r for r in records if "stopped" in r or "time_limit_s" in r] and stop_record(records) is None
+    [start] = _provenance_starts(tmp_path / "run")
+    assert start["stopped"] is None and start["end_step"] == start["configured_steps"] == 20
+
+
+def test_records_past_the_checkpoint_are_dropped_on_resume_and_the_one_at_it_is_kept(tmp_path):
+    """``_truncate_metrics``: on a resume from step 10, records with step <= 10 stay (they are
+    not recomputed: the run restarts after step 10) and later ones go (they will be)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [json.dumps({"step": step, "loss": float(step)}) + "\n" for step in (5, 9, 10, 11, 15)]
+    (run_dir / "metrics.jsonl").write_text("".join(lines))
+    kept = trainer_module._truncate_metrics(run_dir, 10)
+    assert kept == [{"step": 5, "loss": 5.0}, {"step": 9, "loss": 9.0}, {"step": 10, "loss": 10.0}]
+    assert (run_dir / "metrics.jsonl").read_text() == "".join(lines[:3])
+    assert trainer_module._truncate_metrics(run_dir, 0) == [] and (run_dir / "metrics.jsonl").read_text() == ""
+    assert trainer_module._truncate_metrics(tmp_path / "none", 10) == [] and not (tmp_path / "none").exists()
+
+
+class _Crash(RuntimeError):
+    """Stands for a kill: the run stops after a step, saving nothing more."""
+
+
+def test_a_run_crashed_past_a_checkpoint_resumes_in_process_bit_identical_with_each_record_once(reference_run, tmp_path, write_config):
+    """The in-process twin of the SIGKILL test: the run dies after step 17 (records 5, 10, 15
+    written; the checkpoint of step 10 the last); resumed, it keeps records 5 and 10 as they
+    were written, writes 15 to 30 once, and ends with the reference run's weights."""
+    config = load_run_config(write_config(tmp_path, checkpoint_every=10))
+
+    def crash_after_17(step: int) -> None:
+        if step == 17:
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        train(config, tmp_path / "run", progress=False, on_step=crash_after_17)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in before] == [5, 10, 15] and read_resume_step(tmp_path / "run") == 10
+    assert main(["train", "--resume", str(tmp_path / "run"), "--quiet"]) == 0
+    after = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in after] == [5, 10, 15, 20, 25, 30]
+    assert after[:2] == before[:2]  # the record at the checkpoint is the first start's, kept byte for byte
+    assert_bit_identical(final_weights(tmp_path / "run", 30), final_weights(reference_run, 30))
+    starts = _provenance_starts(tmp_path / "run")
+    assert [(s["start_step"], s["end_step"], s["stopped"]) for s in starts] == [(10, 30, None)]  # the crashed start wrote none
+
+
+def _ctrl_c_during_step(monkeypatch, steps: tuple[int, ...]) -> list:
+    """Deliver SIGINT, as the OS would, by calling the handler the trainer installed, during
+    each step of ``steps`` (counting from 1); returns the handlers seen (to check them)."""
+    real_step = trainer_module._step
+    handlers = []
+
+    def step_with_ctrl_c(s, step):
+        out = real_step(s, step)
+        if step + 1 in steps:
+            handler = signal.getsignal(signal.SIGINT)
+            handlers.append(handler)
+            handler(signal.SIGINT, None)
+        return out
+
+    monkeypatch.setattr(trainer_module, "_step", step_with_ctrl_c)
+    return handlers
+
+
+def test_ctrl_c_in_process_saves_the_step_it_came_in_and_resumes_bit_identical(reference_run, tmp_path, write_config, capsys, monkeypatch):
+    """The in-process twin of the Ctrl-C test: a first Ctrl-C during step 7 is a request to
+    stop at that step's end (the step is never cut in half), though step 7 is no boundary of
+    its own (no log, evaluation, checkpoint or snapshot): the state of step 7 is saved, the
+    command exits 130 with one line naming it, and the resumed run ends as the reference."""
+    before = signal.getsignal(signal.SIGINT)
+    handlers = _ctrl_c_during_step(monkeypatch, (7,))
+    run_dir = tmp_path / "run"
+    # checkpoint_every 1000: the only state saved before the end is the one Ctrl-C asks for.
+    assert main(["train", str(write_config(tmp_path, checkpoint_every=1000)), "--out", str(run_dir), "--quiet"]) == 130
+    assert [type(h.__self__).__name__ for h in handlers] == ["_InterruptFlag"]  # the trainer's own handler took it
+    assert signal.getsignal(signal.SIGINT) == before  # and it was put back
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"windtunnel: interrupted after step 7; state saved: resume with `windtunnel train --resume {run_dir}`"]
+    assert read_resume_step(run_dir) == 7 and [r["step"] for r in read_metrics(run_dir)] == [5]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run_dir), "--quiet"]) == 0
+    assert_bit_identical(final_weights(run_dir, 30), final_weights(reference_run, 30))
+    assert [r["step"] for r in read_metrics(run_dir)] == [5, 10, 15, 20, 25, 30]
+    # Both starts trained steps the weights hold, so both are in the provenance.
+    starts = _provenance_starts(run_dir)
+    assert [(s["start_step"], s["end_step"], s["stopped"]) for s in starts] == [(0, 7, "interrupted"), (7, 30, None)]
+
+
+def test_a_second_ctrl_c_aborts_at_once_keeping_the_last_checkpoint(tmp_path, write_config, capsys, monkeypatch):
+    """Two Ctrl-C in one step (during step 8): the second aborts there, saving nothing more,
+    so the checkpoint of step 5 is what a resume starts from; the command exits 130."""
+    real_step = trainer_module._step
+
+    def step_with_two_ctrl_c(s, step):
+        out = real_step(s, step)
+        if step + 1 == 8:
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+        return out
+
+    monkeypatch.setattr(trainer_module, "_step", step_with_two_ctrl_c)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(write_config(tmp_path, steps=20, checkpoint_every=5)), "--out", str(run_dir), "--quiet"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["windtunnel: interrupted"]
+    assert read_resume_step(run_dir) == 5 and [r["step"] for r in read_metrics(run_dir)] == [5]

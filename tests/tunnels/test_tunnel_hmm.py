@@ -181,6 +181,10 @@ def test_round_rows_with_floor_is_the_authors_rule_on_random_rows():
         (dict(grid=0.05, floor=0.07), 2),
         (dict(S=3, M=4, grid=0.05, floor=0.24), 5),  # 4 x 5 = 20: every emission entry is exactly 5
         (dict(grid=0.05, floor=0.19), 4),  # 5 x 4 = 20: the floor leaves nothing to draw (N == k*m)
+        (dict(grid=0.01, floor=0.07), 7),  # 0.07 * 100 = 7.000000000000001 in float64: still 7 steps, not 8
+        (dict(grid=0.01, floor=0.14), 14),  # 0.14 * 100 = 14.000000000000002 in float64
+        (dict(grid=0.01, floor=0.051), 6),  # 5.1 steps: rounded up, not to the nearest
+        (dict(grid=0.01, floor=0.05 * (1 + 1e-8)), 6),  # truly above 5 steps (by 10x the 1e-9 read): not a rounding error
     ],
 )
 def test_floor_bounds_every_header_entry(params, steps):
@@ -201,6 +205,20 @@ def test_floor_bounds_every_header_entry(params, steps):
     assert torch.equal(transition, episode.transition) and torch.equal(emission, episode.emission)
     posterior, _ = forward_filter(transition, emission, tunnel.initial_distribution(), episode.observations)
     assert torch.equal(posterior, episode.posterior)
+
+
+def test_the_floors_step_count_is_the_fewest_grid_steps_at_or_above_the_floor():
+    """The definition checked by brute force: the smallest m in 0..N with m / N >= floor, in
+    float64 (m / N and the floor are each the double nearest their decimal, so the comparison
+    is exact wherever they differ), for every floor of three decimals the tunnel accepts."""
+    for grid in (0.01, 0.05, 0.02):
+        N = round(1 / grid)
+        for thousandths in range(0, 200):
+            floor = thousandths / 1000
+            fewest = next(m for m in range(N + 1) if m / N >= floor)
+            if 5 * fewest > N:  # five entries per row (S = M = 5) cannot all take that many steps
+                continue
+            assert HMMTunnel(K=4, grid=grid, floor=floor).floor_steps == fewest, (grid, floor)
 
 
 def test_zero_floor_is_the_floorless_tunnel_bit_for_bit():

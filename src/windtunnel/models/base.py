@@ -257,6 +257,13 @@ class SequenceModel(nn.Module, abc.ABC):
         """How many sublayers add to the residual stream (sets the output-projection init scale)."""
         return self.n_layers
 
+    @property
+    def on_meta_device(self) -> bool:
+        """Built on the meta device (to count its parameters, as the sizing does): its tensors
+        hold no values, so there is nothing to initialize, and drawing the values anyway (on
+        the CPU, from the generator) would be most of a sizing search's time."""
+        return any(parameter.is_meta for parameter in self.parameters())
+
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialization: N(0, ``init_std``) weights (0.02), zero biases, unit LayerNorms.
 
@@ -268,6 +275,8 @@ class SequenceModel(nn.Module, abc.ABC):
             generator: draws every weight (CPU), so a seed fixes the model independently
                 of the global RNG; ``None`` uses the global RNG.
         """
+        if self.on_meta_device:
+            return
         residual_std = self.init_std / math.sqrt(self.n_residual_writes)
         for name, module in self.named_modules():
             if isinstance(module, nn.LayerNorm):

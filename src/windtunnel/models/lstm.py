@@ -77,6 +77,8 @@ class LSTMControl(MixerControl):
         """The shared initialization (embeddings, norms, head, ``proj``), and every LSTM weight
         and bias uniform in ``±1/sqrt(d_hidden)`` (PyTorch's own LSTM init), drawn from ``generator``."""
         super().reset_parameters(generator)
+        if self.on_meta_device:
+            return
         for block in self.blocks:
             lstm = block.mixer.lstm
             bound = 1.0 / math.sqrt(lstm.hidden_size)

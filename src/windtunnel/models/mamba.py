@@ -90,6 +90,8 @@ class MambaControl(MixerControl):
         softplus of a step size log-uniform in [1e-3, 0.1]; ``A = -(1, 2, ..., N)`` per channel
         (S4D-real); ``D = 1``."""
         super().reset_parameters(generator)
+        if self.on_meta_device:
+            return
         residual_std = self.init_std / math.sqrt(self.n_residual_writes)
         for block in self.blocks:
             mixer = block.mixer

@@ -161,13 +161,18 @@ def _median(values: Sequence[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def _shown(value: float, digits: str) -> str:
+    """``value`` formatted, a share that rounds to zero from below shown as 0%, not -0%."""
+    text = f"{value:{digits}}"
+    return text[1:] if digits.endswith("%") and text.startswith("-") and float(text[1:-1]) == 0 else text
+
+
 def _range(values: Sequence[float], digits: str = ".3g") -> str:
-    if digits.endswith("%"):  # no "-0%" for a share that rounds to zero from below
-        values = [round(v, 2) + 0.0 for v in values]
+    """The median over seeds and, beside it, the smallest and the largest (rounded for display only)."""
     median = _median(values)
     if len(values) == 1:
-        return f"{median:{digits}} (1 seed)"
-    return f"{median:{digits}} [{min(values):{digits}}, {max(values):{digits}}]"
+        return f"{_shown(median, digits)} (1 seed)"
+    return f"{_shown(median, digits)} [{_shown(min(values), digits)}, {_shown(max(values), digits)}]"
 
 
 def judge_claims(cells: Mapping[str, Cell], readout_mae: Sequence[float] | None) -> dict[str, dict[str, Any]]:
@@ -307,7 +312,7 @@ def model_selection_sections(
             preset_rows.append([task if task != "classes" else "involution vs 3-cycles", mode if task != "classes" else "integer",
                                 len(cell.kl_bits), _range(cell.mae_bits), _range(cell.kl_bits), _range(cell.shares, ".0%"),
                                 f"{cell.permutation_kl_bits:.3g}", f"{cell.prior_kl_bits:.3g}",
-                                f"{init.share:.0%}" if init else None])
+                                _shown(init.share, ".0%") if init else None])
     presets = Table(
         ["class", "symbols", "seeds", "mae_bits", "kl_bits", "class used", "permutation reference kl", "prior kl",
          "initial weights: class used"],

@@ -221,14 +221,16 @@ def _train_on_device(
         dist.close()
 
 
-def _provenance(t: TrainConfig, device: torch.device, start: int, end: int, wall_s: float, rates: list[float], *, stopped: bool) -> dict[str, Any]:
-    """What this start of the run ran on and how fast (``windtunnel.provenance``)."""
+def _provenance(t: TrainConfig, device: torch.device, start: int, end: int, wall_s: float, rates: list[float], *, stopped: str | None) -> dict[str, Any]:
+    """What this start of the run ran on and how fast (``windtunnel.provenance``); ``stopped``:
+    None for a start that trained to the configured steps, ``"time_limit"`` or ``"interrupted"``
+    (Ctrl-C, its state saved) for one that ended before."""
     timed = sorted(rates[1:] or rates)  # the first interval holds compilation and warm-up
     return {
         "device": device.type, "device_name": device_name(device), "cpu": cpu_model(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": platform.python_version(), "windtunnel": __version__, "commit": commit(),
         "precision": "bf16 autocast, float32 weights" if t.bf16 else "float32", "compile": t.compile,
-        "start_step": start, "end_step": end, "configured_steps": t.steps, "stopped": "time_limit" if stopped else None,
+        "start_step": start, "end_step": end, "configured_steps": t.steps, "stopped": stopped,
         "wall_s": round(wall_s, 1), "steps_per_s_median": round(timed[len(timed) // 2], 3) if timed else None,
     }
 
@@ -321,13 +323,16 @@ def _train(s: _Session, progress: bool, on_step: Callable[[int], None] | None) -
                 break
             if stop and step < t.steps:
                 _save_state(s, step)
+                # The steps this start trained are in the saved state: its record belongs in the provenance.
+                if s.dist.is_main:
+                    append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped="interrupted"))
                 raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {s.run_dir}`")
         finished = True
     finally:
         bar.close()
         s.tracking.close(finished)
     if s.dist.is_main:
-        append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped=step < t.steps))
+        append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped="time_limit" if step < t.steps else None))
     s.dist.barrier()
     return TrainResult(run_dir=s.run_dir, steps=step, final_eval=s.latest or None, wall_s=time.perf_counter() - s.started, model=s.model)
 
