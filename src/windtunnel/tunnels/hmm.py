@@ -209,8 +209,8 @@ class HMMTunnel:
     def floor_steps(self) -> int:
         """``m``: the fewest grid steps any header entry has, the smallest ``m`` with ``m / N >= floor``.
 
-        ``floor * N`` is read to 1e-9 relative precision, so that ``0.05 * 100 =
-        5.000000000000001`` in float64 counts as 5 steps, not 6.
+        ``floor * N`` is read to 1e-9 relative precision, so that ``0.07 * 100 =
+        7.000000000000001`` in float64 counts as 7 steps, not 8.
         """
         return math.ceil(self.floor * self.levels * (1 - 1e-9))
 
