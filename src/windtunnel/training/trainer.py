@@ -324,17 +324,21 @@ def _train(s: _Session, progress: bool, on_step: Callable[[int], None] | None) -
             if stop and step < t.steps:
                 _save_state(s, step)
                 # The steps this start trained are in the saved state: its record belongs in the provenance.
-                if s.dist.is_main:
-                    append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped="interrupted"))
+                _record_start(s, step, stopped="interrupted")
                 raise TrainingInterrupted(f"interrupted after step {step}; state saved: resume with `windtunnel train --resume {s.run_dir}`")
         finished = True
     finally:
         bar.close()
         s.tracking.close(finished)
-    if s.dist.is_main:
-        append_start(s.run_dir, _provenance(t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped="time_limit" if step < t.steps else None))
+    _record_start(s, step, stopped="time_limit" if step < t.steps else None)
     s.dist.barrier()
     return TrainResult(run_dir=s.run_dir, steps=step, final_eval=s.latest or None, wall_s=time.perf_counter() - s.started, model=s.model)
+
+
+def _record_start(s: _Session, step: int, *, stopped: str | None) -> None:
+    """Append this start's provenance record (the main rank writes it)."""
+    if s.dist.is_main:
+        append_start(s.run_dir, _provenance(s.t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped=stopped))
 
 
 def _set_up(config: RunConfig, run_dir: Path, device: torch.device, dist: Distributed, resume: bool,
