@@ -31,6 +31,15 @@ def windtunnel(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=300, **kwargs)
 
 
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """The command line in this process (a bad input returns its code; it never raises): the exit
+    code, stdout and stderr. In process, so that mutation testing sees these checks."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(snapshot_path(run_dir, step)))
 
@@ -147,7 +156,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, wr
     assert result.steps == 30
 
 
-def test_bad_run_directories_exit_2(reference_run, tmp_path, write_config):
+def test_bad_run_directories_exit_2(reference_run, tmp_path, write_config, capsys):
     cases = [
         (["train", "--resume", str(tmp_path / "nope")], "does not exist"),
         (["train", "--resume", str(tmp_path)], "is not a run directory"),
@@ -158,26 +167,26 @@ def test_bad_run_directories_exit_2(reference_run, tmp_path, write_config):
         (["eval", str(reference_run), "--step", "7"], "--step 7 is not a snapshot"),
     ]
     for args, message in cases:
-        result = windtunnel(*args)
-        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
-        assert len(result.stderr.strip().splitlines()) == 1
+        code, _, stderr = cli(capsys, *args)
+        assert code == 2 and message in stderr, (args, stderr)
+        assert len(stderr.strip().splitlines()) == 1
 
 
-def test_corrupt_checkpoint_is_refused_and_kept(reference_run, tmp_path):
+def test_corrupt_checkpoint_is_refused_and_kept(reference_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in ("config.json", RESUME_FILE):
         (run_dir / name).write_bytes((reference_run / name).read_bytes())
     data = (run_dir / RESUME_FILE).read_bytes()
     (run_dir / RESUME_FILE).write_bytes(data[: len(data) // 2])  # a torn write from some other tool
-    result = windtunnel("train", "--resume", str(run_dir), "--set", "train.steps=40", "--force")
-    assert result.returncode == 2 and "truncated or corrupt" in result.stderr
+    code, _, stderr = cli(capsys, "train", "--resume", str(run_dir), "--set", "train.steps=40", "--force")
+    assert code == 2 and "truncated or corrupt" in stderr
     assert (run_dir / RESUME_FILE).read_bytes() == data[: len(data) // 2]  # nothing overwritten
 
 
-def test_eval_scores_against_closed_forms(reference_run):
-    result = windtunnel("eval", str(reference_run), "--horizons", "3", "5", "--n", "100")
-    assert result.returncode == 0, result.stderr
+def test_eval_scores_against_closed_forms(reference_run, capsys):
+    code, stdout, stderr = cli(capsys, "eval", str(reference_run), "--horizons", "3", "5", "--n", "100")
+    assert code == 0, stderr
     scores = json.loads((reference_run / "eval.json").read_text())
     assert scores["step"] == 30 and set(scores["horizons"]) == {"3", "5"}
     assert scores["run_dir"] == "run"  # outside a reproduction, by name: no path of this machine
@@ -192,7 +201,7 @@ def test_eval_scores_against_closed_forms(reference_run):
         low, high = h["mae_bits_ci"]
         assert low <= h["mae_bits"] <= high
         assert len(h["curves"]["abs_error_bits"]) == int(horizon)
-    assert "oracle" in result.stdout and "prior" in result.stdout
+    assert "oracle" in stdout and "prior" in stdout
 
 
 def test_schedule_closed_forms():
