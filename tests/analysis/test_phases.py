@@ -4,6 +4,7 @@ checked against the run's own history and an independent reading of its snapshot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -71,6 +72,11 @@ def test_without_an_evaluation_after_the_warm_up_there_is_no_plateau():
         plateau_exit([0, 10], [0.5], warmup_steps=0)
 
 
+def _least_squares(x: list[float], y: list[float]) -> float:
+    """The slope of y on x by numpy's polynomial fit (the oracle for the analysis' own sums)."""
+    return float(np.polyfit(x, y, 1)[0])
+
+
 def test_the_slope_after_the_exit_is_a_power_laws_exponent():
     steps = [100, 200, 400, 800, 1600]
     errors = [3.0 * s ** -0.7 for s in steps]
@@ -79,6 +85,11 @@ def test_the_slope_after_the_exit_is_a_power_laws_exponent():
     assert log_log_slope(steps, errors, 800) is None  # two points are not a fit
     assert log_log_slope([0, 100, 200, 300], [1.0, 0.5, 0.25, 0.125], 0) == pytest.approx(
         (math.log10(0.125) - math.log10(0.5)) / (math.log10(300) - math.log10(100)), rel=0.05)  # step 0 left out
+    # Step 1 is a point like any other (log10 1 = 0); an error of exactly 0 has no logarithm and is
+    # left out, not an error: 1, 10, 100 on one power law, and a bent point at 1000 with error 0.
+    assert log_log_slope([1, 10, 100, 1000], [2.0, 0.2, 0.02, 0.0]) == pytest.approx(-1.0, abs=1e-12)
+    assert log_log_slope([1, 10, 100, 1000], [2.0, 0.5, 0.02, 0.002]) == pytest.approx(
+        _least_squares([0, 1, 2, 3], [math.log10(e) for e in (2.0, 0.5, 0.02, 0.002)]), abs=1e-12)
 
 
 def test_the_dissociation_holds_where_precision_had_twice_as_far_to_go_and_not_otherwise():
@@ -308,6 +319,24 @@ def test_the_final_geometry_is_layer_0s_keys_and_every_layers_attention_of_the_f
     assert run["attention_entropy_bits_by_layer"] == [row["entropy_bits"]["mean"] for row in sharpening["layers"]]
     assert run["evidence_lift_by_layer"] == [row["lift"]["evidence"] for row in sharpening["layers"]]
     assert run["uniform_attention_entropy_bits"] == sharpening["uniform_entropy_bits"] > 0
+
+
+def test_a_tunnel_without_evidence_tokens_has_no_evidence_lift(trained_run, monkeypatch):
+    """Where QK sharpening finds no evidence category (a tunnel whose tokens carry none), the
+    column is empty, not a list of blanks per layer."""
+    sharpening = ANALYSES["qk_sharpening"]
+    real = sharpening.compute
+
+    def without_evidence(runs):
+        result = real(runs)
+        result["categories"] = [c for c in result["categories"] if c != "evidence"]
+        for row in result["layers"]:
+            row["lift"].pop("evidence", None)
+        return result
+
+    monkeypatch.setitem(ANALYSES, "qk_sharpening", dataclasses.replace(sharpening, compute=without_evidence))
+    run = ANALYSES["training_phases"].compute(load_runs([trained_run]))["runs"][0]
+    assert run["evidence_lift_by_layer"] is None and run["attention_entropy_bits_by_layer"]
 
 
 def test_three_held_out_evaluations_are_enough_for_a_curve_and_two_are_not(tmp_path):
