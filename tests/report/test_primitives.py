@@ -378,6 +378,41 @@ def test_the_primitive_tables_read_every_cell_from_hand_written_results(tmp_path
     assert nothing.title == "Primitives" and not nothing.tables
 
 
+def test_a_cell_names_its_seed_count_and_a_share_just_below_zero_reads_0_percent():
+    from windtunnel.report.primitives import PrimitiveCell, _cell_text
+
+    def cell(n_runs, closed):
+        return PrimitiveCell("lstm", n_runs, 10, 0.5, 0.25, (0.4, 0.6), (0.2, 0.3), "seeds", closed, "fails")
+
+    assert "(2 seeds; 50% of the gap)" in _cell_text(cell(2, 0.5))
+    assert "(1 seed; " in _cell_text(cell(1, 0.5))
+    # Rounded to -0.0, the share would print as "-0%": a model a hair worse than the prior reads 0%.
+    assert _cell_text(cell(3, -0.001)).endswith("(3 seeds; 0% of the gap)")
+
+
+def test_groups_without_a_declared_primitive_are_left_out_and_tunnels_sort_by_group_within_a_primitive(tmp_path):
+    """A group with no model comparison, or one whose tunnel declares no primitive of the table,
+    has no row (and the groups after it still do); two tunnels of one primitive are ordered by
+    their group's name, not by their label."""
+
+    def comparison(primitive, label):
+        result = {"mae_bits": {"median": 0.1, "min": 0.1, "max": 0.1}, "kl_bits": {"median": 0.1, "min": 0.1, "max": 0.1},
+                  "prior": {"mae_bits": 1.0, "kl_bits": 1.0},
+                  "per_run": [{"mae_bits": 0.1, "kl_bits": 0.1, "mae_bits_ci": [0.09, 0.11], "kl_bits_ci": [0.09, 0.11]}]}
+        return {"model_comparison": {"training_horizon": 4, "primitive": primitive, "tunnel": {"name": "bijection", "V": 4},
+                                     "tunnel_label": label,
+                                     "models": {"lstm": {"n_runs": 1, "n_parameters": 9, "horizons": {"4": result}}}}}
+
+    results = {"a_no_comparison": {}, "b_copying": comparison("copying", "copy (V = 4)"),
+               "c_first": comparison("belief accumulation", "z label"), "d_second": comparison("belief accumulation", "a label")}
+    results = {group: typed_results({group: analyses})[group] if analyses else {} for group, analyses in results.items()}
+    _, numbers, _, _ = primitive_sections(results, tmp_path)
+    labels = [row[1] for row in numbers.tables[0].rows if row[2] == "lstm"]
+    assert labels == ["z label", "a label"]
+    (nothing,) = primitive_sections({"a_no_comparison": {}, "b_copying": results["b_copying"]}, tmp_path)
+    assert nothing.text == "No tunnel of this reproduction declares an inference primitive: nothing to tabulate."
+
+
 @pytest.mark.slow
 def test_the_tiny_future_work_study_reports_its_two_primitives_and_the_claims_per_tunnel(tmp_path):
     out = tmp_path / "future"

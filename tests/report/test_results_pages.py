@@ -84,3 +84,30 @@ def test_save_refuses_an_existing_folder_or_a_folder_that_is_not_a_reproduction(
         stderr = capsys.readouterr().err
         assert code == 2 and words in stderr and stderr.count("\n") == 1, stderr
         assert not (tmp_path / "new").exists() and list((tmp_path / "there").iterdir()) == []
+
+
+def test_save_names_the_folder_it_refuses_and_replaces_a_partial_copy_a_killed_save_left(tmp_path):
+    """A results folder is a reproduction's folder without its weights, so a committed one can be
+    saved again: the refusals name the folder in question, and the staging folder a killed save
+    left behind (``<folder>.partial``) is replaced, not merged into the new folder."""
+    from windtunnel.report.folder import ReportError
+    from windtunnel.report.results_page import save_results
+
+    source = ROOT / "results" / "model-selection"
+    (tmp_path / "there").mkdir()
+    with pytest.raises(ReportError, match=re.escape(f"{str(tmp_path / 'there')!r} exists")):
+        save_results(source, tmp_path / "there", "x")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    manifest = json.loads((source / "reproduce.json").read_text())
+    (unfinished / "reproduce.json").write_text(json.dumps({**manifest, "stage": "training"}))
+    with pytest.raises(ReportError, match=re.escape(f"{str(unfinished)!r} is an unfinished reproduction (stage 'training')")):
+        save_results(unfinished, tmp_path / "new", "x")
+
+    (tmp_path / "new.partial" / "runs").mkdir(parents=True)
+    (tmp_path / "new.partial" / "runs" / "stale.json").write_text("{}")
+    written = save_results(source, tmp_path / "new", "two cores")
+    assert not (tmp_path / "new.partial").exists() and not (tmp_path / "new" / "runs" / "stale.json").exists()
+    kept = sorted(p.relative_to(tmp_path / "new") for p in (tmp_path / "new").rglob("*") if p.is_file())
+    assert kept == sorted(p.relative_to(tmp_path / "new") for p in written)
+    assert json.loads((tmp_path / "new" / "how.json").read_text()) == {"how": "two cores"}
