@@ -65,6 +65,8 @@ def test_a_cell_realizes_only_when_both_metrics_close_the_gap(mae, kl, expected)
 
 def test_a_primitive_takes_its_worst_tunnel_and_the_paper_has_every_cell():
     assert primitive_verdict(["realizes", "realizes"]) == "realizes"
+    with pytest.raises(ValueError, match="^a primitive's verdict needs at least one tunnel's$"):
+        primitive_verdict([])
     assert primitive_verdict(["realizes", "partly"]) == "partly"
     assert primitive_verdict(["fails", "realizes"]) == "fails"
     with pytest.raises(ValueError):
@@ -388,6 +390,26 @@ def test_a_cell_names_its_seed_count_and_a_share_just_below_zero_reads_0_percent
     assert "(1 seed; " in _cell_text(cell(1, 0.5))
     # Rounded to -0.0, the share would print as "-0%": a model a hair worse than the prior reads 0%.
     assert _cell_text(cell(3, -0.001)).endswith("(3 seeds; 0% of the gap)")
+    assert _cell_text(cell(3, 0.1251)).endswith("(3 seeds; 13% of the gap)")  # 12.51%, not a tie
+
+
+def test_the_initial_weights_column_shows_a_share_a_hair_below_zero_as_0_percent(tmp_path):
+    from fakes import typed_results as typed
+
+    def comparison(mae):
+        result = {"mae_bits": {"median": mae, "min": mae, "max": mae}, "kl_bits": {"median": mae, "min": mae, "max": mae},
+                  "prior": {"mae_bits": 1.0, "kl_bits": 1.0},
+                  "per_run": [{"mae_bits": mae, "kl_bits": mae, "mae_bits_ci": [mae, mae], "kl_bits_ci": [mae, mae]}]}
+        return {"g": {"model_comparison": {"training_horizon": 4, "primitive": "belief accumulation",
+                                           "tunnel": {"name": "bijection", "V": 4}, "tunnel_label": "b",
+                                           "models": {"gru": {"n_runs": 1, "n_parameters": 9, "horizons": {"4": result}}}}}}
+
+    verdicts, numbers, _, _ = primitive_sections(typed(comparison(0.1)), tmp_path, typed(comparison(1.001)))
+    (row,) = [r for r in numbers.tables[0].rows if r[2] == "gru"]
+    assert row[5] == "fails (0%)"
+    # An architecture the paper did not train, on one of the paper's primitives; the others blank.
+    (gru,) = [r for r in verdicts.tables[0].rows if r[0] == "gru"]
+    assert gru[1].endswith(" / paper: not in the paper"), gru
 
 
 def test_groups_without_a_declared_primitive_are_left_out_and_tunnels_sort_by_group_within_a_primitive(tmp_path):

@@ -229,7 +229,7 @@ def claim_rows(label: str, prior: Mapping[str, float], floor: Mapping[str, float
     if "transformer" in by_name:
         cell = by_name["transformer"]
         rows.append([label, "the transformer matches the exact posterior", "holds" if cell.verdict == "realizes" else "does not hold",
-                     f"closes {round(cell.closed, 2) + 0.0:.0%} of the prior's gap (needs {REALIZES:.0%} on both metrics)"])
+                     f"closes {_percent(cell.closed)} of the prior's gap (needs {REALIZES:.0%} on both metrics)"])
     if "mlp" in by_name:
         cell = by_name["mlp"]
         reference, what = (floor, "its position-wise floor (closed form)") if floor else (prior, "the context-free prior (no closed-form floor)")
@@ -241,13 +241,19 @@ def claim_rows(label: str, prior: Mapping[str, float], floor: Mapping[str, float
     return rows
 
 
+def _percent(share: float) -> str:
+    """A share as a whole percentage (of the share rounded to two places, as the tables have always
+    shown it); a share a hair below zero reads 0%, not -0%."""
+    return f"{round(share, 2) + 0.0:.0%}"
+
+
 def _cell_text(cell: PrimitiveCell) -> str:
     seeds = f"{cell.n_runs} seeds" if cell.n_runs > 1 else "1 seed"
     if cell.seeds_split:
         seeds += f", which split: {cell.seeds_split}"
     return (
         f"{cell.verdict}: mae {cell.mae_bits:.3g} [{cell.mae_range[0]:.3g}, {cell.mae_range[1]:.3g}], "
-        f"kl {cell.kl_bits:.3g} [{cell.kl_range[0]:.3g}, {cell.kl_range[1]:.3g}] ({seeds}; {round(cell.closed, 2) + 0.0:.0%} of the gap)"
+        f"kl {cell.kl_bits:.3g} [{cell.kl_range[0]:.3g}, {cell.kl_range[1]:.3g}] ({seeds}; {_percent(cell.closed)} of the gap)"
     )
 
 
@@ -313,7 +319,7 @@ def primitive_sections(
         for cell in cells:
             paper = PAPER.get((cell.architecture, primitive))
             init = init_cells.get(cell.architecture)
-            init_text = f"{init.verdict} ({round(init.closed, 2) + 0.0:.0%})" if init else None
+            init_text = f"{init.verdict} ({_percent(init.closed)})" if init else None
             published = (paper.number if paper.source == "paper" else f"{paper.source}: {paper.number}") if paper else None
             number_rows.append([primitive, label, cell.architecture, f"{cell.n_parameters:,}", _cell_text(cell),
                                 init_text, published])
