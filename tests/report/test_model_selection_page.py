@@ -139,6 +139,11 @@ def page(results):
     return model_selection_sections(trained, RESULTS / "analysis", at_init, meaning=MEANING)
 
 
+def trained_presets(trained) -> list[str]:
+    """The transformer presets among the groups: a task and a symbol mode, or the class comparison."""
+    return [g for g in trained if g.endswith(("_integer", "_opaque", "_fixed")) or g == "classes_transformer"]
+
+
 def _claim_rows(page) -> dict[str, list]:
     keys = {text: key for key, text in MODEL_SELECTION_CLAIMS.items()}
     return {keys[row[0]]: row for row in page[0].tables[0].rows}
@@ -228,8 +233,15 @@ def test_the_claim_table_shows_each_presets_median_and_range_under_its_own_name(
 def test_a_claim_whose_presets_were_not_all_trained_gets_no_verdict(results, missing, claim):
     # Judging on part of a claim's presets would decide it on evidence the claim does not name.
     trained, at_init = ({group: r for group, r in side.items() if group != missing} for side in results)
-    rows = _claim_rows(model_selection_sections(trained, RESULTS / "analysis", at_init))
+    sections = model_selection_sections(trained, RESULTS / "analysis", at_init)
+    rows = _claim_rows(sections)
     assert rows[claim][3:] == [None] * 4
+    # The presets table leaves out the missing preset alone (every other trained one has its row),
+    # and without a meaning given the claims carry no note.
+    shown = [(row[0], row[1]) for row in sections[1].tables[0].rows]
+    expected = [("involution vs 3-cycles", "integer") if g == "classes_transformer" else tuple(g.split("_")) for g in trained_presets(trained)]
+    assert sorted(shown) == sorted(expected) and len(expected) == 9
+    assert sections[0].note == ""
     others = oracle_verdicts("analysis")
     for other in set(MODEL_SELECTION_CLAIMS) - {claim}:
         assert rows[other][4:6] == list(others[other]), other
