@@ -27,6 +27,7 @@ from windtunnel.run_layout import RESUME_FILE, WEIGHTS_INDEX
 from windtunnel.runs import keep_final_weights
 from windtunnel.training.checkpoint import list_snapshots, snapshot_path
 from windtunnel.tunnels import TUNNELS
+from scopes import once_per_module
 
 pytestmark = pytest.mark.slow  # trains one tiny run for the world (a few seconds)
 
@@ -380,7 +381,7 @@ CASES: list[Case] = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def world(tmp_path_factory) -> dict[str, str]:
     """A folder of configs and run directories, good and broken, that every case may read."""
     root = tmp_path_factory.mktemp("world")

@@ -37,6 +37,7 @@ from windtunnel.export import (
 from windtunnel.models import TransformerConfig, build_model, run_with_trace
 from windtunnel.runs import load_run_model
 from windtunnel.tunnels import make_tunnel
+from scopes import once_per_module
 
 pytestmark = pytest.mark.slow  # imports TransformerLens (seconds) and trains one tiny run
 
@@ -169,7 +170,7 @@ def test_the_docs_table_is_the_librarys():
 # --- the command: a tiny trained run, exported and loaded back -----------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def runs(tmp_path_factory, write_config):
     """A trained tiny transformer run and an MLP-control run (trained one step: only its kind matters)."""
     root = tmp_path_factory.mktemp("export")

@@ -12,6 +12,7 @@ from windtunnel.analysis.runner import ANALYSES
 from windtunnel.cli import main
 from windtunnel.run_config import run_config_from_mapping
 from windtunnel.training.trainer import train
+from scopes import once_per_module
 
 CONFIG = {
     "tunnel": {"name": "bijection", "V": 6},
@@ -21,7 +22,7 @@ CONFIG = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runs")
     for seed in (0, 1):

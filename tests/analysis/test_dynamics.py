@@ -30,6 +30,7 @@ from windtunnel.run_config import run_config_from_mapping
 from windtunnel.run_config import build_run_model
 from windtunnel.training.checkpoint import list_snapshots, load_snapshot, save_snapshot, snapshot_steps
 from windtunnel.training.trainer import train
+from scopes import once_per_module
 
 TRAIN = {"steps": 12, "batch_size": 32, "eval_every": 0, "checkpoint_every": 0, "log_every": 4}
 TRANSFORMER = {
@@ -109,7 +110,7 @@ def test_stabilization_index(values, index):
 # --- end to end on tiny trained runs -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dynamics")
     for name, mapping in (("transformer", TRANSFORMER), ("mlp", MLP)):

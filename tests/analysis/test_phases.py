@@ -17,6 +17,7 @@ from windtunnel.analysis.phases import dissociates, learning_step, log_log_slope
 from windtunnel.results.phases import TrainingPhases
 from windtunnel.run_config import run_config_from_mapping
 from windtunnel.training.trainer import train
+from scopes import once_per_module
 
 STEPS = list(range(0, 1050, 50))  # 0, 50, ..., 1000
 
@@ -208,7 +209,7 @@ CONFIG = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("phases") / "run"
     train(run_config_from_mapping(CONFIG), run_dir, progress=False)

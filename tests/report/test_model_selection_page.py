@@ -126,12 +126,14 @@ def _doc_titles() -> list[str]:
 # --- the page ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+# Per test, not per module (both take milliseconds): mutation testing maps each test to the code
+# it runs, and a module's fixture runs inside its first test only, hiding the others.
+@pytest.fixture
 def results():
     return load_results(RESULTS), load_results(RESULTS, "analysis_at_init")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def page(results):
     # model_selection_sections only looks for figures in analysis_dir (none are committed), so
     # the committed folder is passed as it is: nothing is written into results/.

@@ -34,6 +34,7 @@ from windtunnel.results.generalization import (
     SeedSpreadAgainstMlp,
 )
 from windtunnel.run_config import build_run_model, run_config_from_mapping
+from scopes import once_per_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +142,7 @@ def constant_run(model: dict, distribution: list[float], *, seed: int = 0) -> Ru
     return Run(Path(f"/constructed/{model['kind']}/{seed}"), config, net.eval(), 0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def fresh() -> dict[str, AnalysisResult]:
     """Each analysis run on constructed runs (the same run objects, so each is scored once)."""
     seed0, seed1 = constant_run(HMM["model"], [0.7, 0.2, 0.1], seed=0), constant_run(HMM["model"], [0.5, 0.3, 0.2], seed=1)

@@ -31,6 +31,7 @@ from windtunnel.results.base import AnalysisResult, ResultError, Summary
 from windtunnel.results.keys import AbsCosineChance, FrameHead, KeyGeometry, KeyOrthogonality, SignedCosineChance
 from windtunnel.results.manifold import EntropyCorrelation, InitialManifold, ManifoldSpace, ValueManifold
 from windtunnel.run_config import build_run_model, run_config_from_mapping
+from scopes import once_per_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,7 +159,7 @@ def untrained_runs(config: dict, seeds: tuple[int, ...], where: Path) -> list[Ru
     return runs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def fresh(tmp_path_factory) -> dict[str, AnalysisResult]:
     where = tmp_path_factory.mktemp("runs")
     bijection = untrained_runs(BIJECTION, (0, 1), where / "bijection")
@@ -201,7 +202,7 @@ def test_fresh_results_keep_what_each_case_writes(fresh):
     assert list(fresh["value_manifold bijection"].spaces) == ["resid_post", "attn_v", "attn_z"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def without_initial_models(tmp_path_factory) -> dict[str, dict[str, Any]]:
     """Each analysis's JSON as its compute function writes it given no initial models (every
     random-init field null), after the header ``Analysis.run`` puts first."""

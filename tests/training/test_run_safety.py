@@ -23,8 +23,9 @@ from windtunnel.run_config import load_run_config
 from windtunnel.training import trainer as trainer_module
 from windtunnel.training.checkpoint import read_resume_step, snapshot_path
 from windtunnel.training.trainer import TrainingDiverged, train
+from scopes import once_per_module
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def reference_run(tmp_path_factory, write_config) -> Path:
     folder = tmp_path_factory.mktemp("reference")
     assert main(["train", str(write_config(folder, checkpoint_every=10)), "--out", str(folder / "run"), "--quiet"]) == 0

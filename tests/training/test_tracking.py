@@ -29,6 +29,7 @@ from windtunnel.training.trainer import train
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
 from tensorboard.util.tensor_util import make_ndarray  # noqa: E402
+from scopes import once_per_module
 
 # TensorBoard stores a scalar as float32: a float64 from metrics.jsonl comes back rounded to
 # the nearest float32, which moves it by at most float32's unit roundoff, 2**-24 relative
@@ -84,7 +85,7 @@ def training_scalars(events: list[tuple[str, int, float]]) -> list[tuple[str, in
     return [e for e in events if not e[0].startswith("final_eval/")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def tracked_run(tmp_path_factory, write_config) -> Path:
     """A 20-step run logged to TensorBoard (logs every 5 steps, evaluations every 10)."""
     folder = tmp_path_factory.mktemp("tracked")

@@ -26,6 +26,7 @@ from windtunnel.run_layout import RESUME_FILE
 from windtunnel.training.checkpoint import list_snapshots, read_resume_step, snapshot_path
 from windtunnel.training.schedule import learning_rate
 from windtunnel.training.trainer import TrainingDiverged, data_seed, train
+from scopes import once_per_module
 
 def windtunnel(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "windtunnel", *args], capture_output=True, text=True, timeout=300, **kwargs)
@@ -50,7 +51,7 @@ def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=once_per_module)
 def reference_run(tmp_path_factory, write_config) -> Path:
     """An uninterrupted 30-step run, trained through the command line's entry point in this
     process (so that mutation testing, which changes the code of this process only, sees the
