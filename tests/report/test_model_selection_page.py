@@ -286,6 +286,20 @@ def test_the_class_posterior_section_shows_each_runs_readout_best_probe_and_the_
     assert runs.rows == expected
 
 
+def test_a_lone_run_without_a_readout_shows_a_blank_beside_its_probes_and_its_own_pairs(results):
+    """A group of one run (its informative share per pair is that run's) whose read-out did not
+    apply (no informative position): the read-out cell is blank, not a number."""
+    trained, at_init = results
+    posterior = trained["classes_transformer"]["class_posterior"]
+    lone = dataclasses.replace(posterior.runs[0], readout_mae=None)
+    trained = {**trained, "classes_transformer": {**trained["classes_transformer"],
+                                                  "class_posterior": dataclasses.replace(posterior, runs=(lone,))}}
+    [section] = [s for s in model_selection_sections(trained, RESULTS / "analysis", at_init) if s.title.startswith("The class posterior")]
+    assert section.tables[0].rows[0][1] is None and section.tables[0].rows[0][0] == Path(lone.run_dir).name
+    shares = _json("analysis", "classes_transformer", "class_posterior")["runs"][0]["informative_share_by_position"]
+    assert [row[1] for row in section.tables[1].rows] == [f"{shares[p]:.0%}" for p in lone.readout_positions]
+
+
 def test_the_readout_by_pair_gathers_every_seed_at_each_position_numbered_from_one(page):
     data = _json("analysis", "classes_transformer", "class_posterior")
     by_position: dict[int, list[float]] = {}
@@ -339,7 +353,7 @@ def test_the_figures_are_shown_from_their_groups_folder_where_they_were_drawn(re
             assert section.figures == [], section.title
             continue
         [figure] = section.figures
-        assert figure.path == drawn[index]
+        assert figure.path == drawn[index] and figure.title == {2: "Class posterior", 3: "Architectures"}[index]
         assert isinstance(figure.title, str) and figure.title and isinstance(figure.caption, str) and figure.caption
 
 
