@@ -111,3 +111,23 @@ def test_save_names_the_folder_it_refuses_and_replaces_a_partial_copy_a_killed_s
     kept = sorted(p.relative_to(tmp_path / "new") for p in (tmp_path / "new").rglob("*") if p.is_file())
     assert kept == sorted(p.relative_to(tmp_path / "new") for p in written)
     assert json.loads((tmp_path / "new" / "how.json").read_text()) == {"how": "two cores"}
+
+
+def test_the_training_table_reads_a_start_record_that_lacks_fields_as_blanks_and_zeros(tmp_path):
+    """A start record written by another tool (or by hand) may lack fields: the device's type
+    stands in for its name, missing step counts read 0, a missing wall time is blank; a full
+    record shows each field where its column says."""
+    from windtunnel.report.folder import Manifest
+    from windtunnel.report.results_page import _training_table
+
+    source = ROOT / "results" / "model-selection"
+    manifest = Manifest.read(source)
+    run = manifest.runs[0]
+    full = {"device": "cuda", "device_name": "NVIDIA H100", "precision": "float32", "start_step": 1200, "end_step": 3400,
+            "configured_steps": 5000, "stopped": "time_limit", "steps_per_s_median": 41.5, "wall_s": 93.0,
+            "commit": "0123456789abcdef"}
+    (tmp_path / run.run_dir).mkdir(parents=True)
+    (tmp_path / run.run_dir / "provenance.json").write_text(json.dumps({"starts": [full, {"device": "cpu"}]}))
+    rows = _training_table(tmp_path, manifest).rows
+    assert rows == [[run.name, "NVIDIA H100", "float32", "1,200-3,400 of 5,000", "time_limit", 41.5, 1.6, "0123456"],
+                    [run.name, "cpu", None, "0-0 of 0", "", None, None, None]]
