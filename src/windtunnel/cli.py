@@ -80,7 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"windtunnel {__version__} (torch {torch.__version__})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_sample, _add_info, _add_train, _add_eval, _add_reproduce, _add_report, _add_sweep, _add_analyze,
+                _add_export, _add_lm_score):  # the order `windtunnel --help` lists them in
+        add(commands)
+    return parser
 
+
+def _add_sample(commands: argparse._SubParsersAction) -> None:
+    """``sample``: sequences of a tunnel with their exact posteriors."""
     sample = commands.add_parser(
         "sample",
         help="draw sequences from a tunnel with their exact posteriors",
@@ -94,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--format", choices=("json", "table"), default="json", help="JSON lines (default) or a table")
     sample.set_defaults(run=cli_commands.cmd_sample)
 
+
+def _add_info(commands: argparse._SubParsersAction) -> None:
+    """``info``: a config's parameter counts."""
     info = commands.add_parser(
         "info",
         help="parameter counts of a run config's model",
@@ -105,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(info, "override a config value, e.g. model.d_model=128 (repeatable)")
     info.set_defaults(run=cli_commands.cmd_info)
 
+
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    """``train``: train a run, or resume one."""
     train = commands.add_parser(
         "train",
         help="train a model on a tunnel (or resume a run)",
@@ -119,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(train, "override a config value, e.g. train.steps=500 train.lr=3e-4 (repeatable)")
     train.set_defaults(run=cli_commands.cmd_train)
 
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    """``eval``: score a run against the exact posterior."""
     evaluate = commands.add_parser(
         "eval",
         help="evaluate a trained run against the exact posterior",
@@ -131,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--relabel", action="store_true", help="HMM: also score the same sequences under random state relabelings")
     evaluate.set_defaults(run=cli_commands.cmd_eval)
 
+
+def _add_reproduce(commands: argparse._SubParsersAction) -> None:
+    """``reproduce``: a study's runs, analyses and report."""
     reproduce = commands.add_parser(
         "reproduce",
         help="train every run the paper needs, run every analysis, write the HTML report",
@@ -168,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
                    "then differ from the scale's)")
     reproduce.set_defaults(run=cli_commands.cmd_reproduce)
 
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    """``report``: rebuild a reproduction's report."""
     report = commands.add_parser(
         "report",
         help="rebuild the report of a finished reproduction from its folder",
@@ -182,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(run=cli_commands.cmd_report)
 
+
+def _add_sweep(commands: argparse._SubParsersAction) -> None:
+    """``sweep``: one run per seed."""
     sweep = commands.add_parser(
         "sweep",
         help="train one run of CONFIG per seed (resumable; in parallel processes with --jobs)",
@@ -196,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(sweep, "override a config value for every seed, e.g. train.steps=500 (repeatable)")
     sweep.set_defaults(run=cli_commands.cmd_sweep)
 
+
+def _add_analyze(commands: argparse._SubParsersAction) -> None:
+    """``analyze``: the analyses of trained runs."""
     analyze = commands.add_parser(
         "analyze",
         help="the paper's analyses (ablations, generalization, controls, geometry, dynamics) on trained runs",
@@ -210,6 +238,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     analyze.set_defaults(run=cli_commands.cmd_analyze)
 
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    """``export``: a run's transformer in TransformerLens' format."""
     export = commands.add_parser(
         "export",
         help="export a trained transformer to TransformerLens (a HookedTransformer)",
@@ -224,6 +255,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it is an earlier export")
     export.set_defaults(run=cli_commands.cmd_export)
 
+
+def _add_lm_score(commands: argparse._SubParsersAction) -> None:
+    """``lm-score``: a pretrained language model against the exact posterior."""
     lm = commands.add_parser(
         "lm-score",
         help="score a pretrained language model's next-token distribution against the exact posterior, in bits",
@@ -248,7 +282,6 @@ def _parser() -> argparse.ArgumentParser:
     lm.add_argument("--geometry-n", type=_positive_int, default=64, metavar="N", help="sequences the geometry reads (default 64)")
     _add_overrides(lm, "set a tunnel parameter, e.g. V=8 or S=3 (repeatable)")
     lm.set_defaults(run=cli_commands.cmd_lm_score)
-    return parser
 
 
 def _add_engine(parser: argparse.ArgumentParser, out: str) -> None:
