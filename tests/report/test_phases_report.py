@@ -159,3 +159,80 @@ def test_a_slice_of_the_tiny_study_trains_analyzes_and_reports(tmp_path):
     assert not (out / "analysis_at_init").exists() or not any((out / "analysis_at_init").rglob("*.json"))
     saved = json.loads((out / "analysis" / "hmm_L2_d48_S3" / "training_phases.json").read_text())
     assert [run["seed"] for run in saved["runs"]] == [0]
+
+
+def test_the_depth_width_heatmaps_show_each_points_median_range_and_seed_count(tmp_path, monkeypatch):
+    """What the depth x width figure shows, read off the drawn figure: per panel and grid point,
+    the median over the seeds that have the value, their range, how many have it ("none" where
+    no seed has it, "not run" where the point was not trained), and the medians as the image
+    (log10 for the final error)."""
+    import numpy as np
+
+    import windtunnel.report.phases as phases_module
+
+    drawn = {}
+    monkeypatch.setattr(phases_module, "save", lambda fig, path: drawn.setdefault(Path(path).name, fig))
+    results = _results([100] * 5)
+    results["hmm_L2_d64_S3"] = {"training_phases": _result(2, 64, 3, [_run(s, 200 + 10 * s, final=2e-5 * (s + 1)) for s in range(3)])}
+    draw_phase_diagrams(results, tmp_path)
+    fig = drawn["hmm_depth_width.png"]
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["learning step (half-way)", "plateau exit step", "frame formed (step)", "final mae_bits"]
+
+    def cell(values, fmt, of):
+        if not values:
+            return "none"
+        return f"{fmt.format(statistics.median(values))}\n[{fmt.format(min(values))}, {fmt.format(max(values))}]\n{len(values)}/{of} seeds"
+
+    points = {(1, 48): [_run(s, None, frame_step=None) for s in range(5)],
+              (2, 48): [_run(s, e) for s, e in enumerate([400, 450, 500, 550, None])],
+              (3, 48): [_run(s, None, frame_step=None) for s in range(5)],
+              (2, 64): [_run(s, 200 + 10 * s, final=2e-5 * (s + 1)) for s in range(3)]}
+    for ax, (field, fmt) in zip(panels, [("learning_step", "{:.0f}"), ("exit_step", "{:.0f}"), ("frame_step", "{:.0f}"),
+                                         ("final_mae_bits", "{:.2g}")]):
+        expected, image = [], np.full((3, 2), np.nan)
+        for i, depth in enumerate((1, 2, 3)):
+            for j, width in enumerate((48, 64)):
+                runs = points.get((depth, width))
+                values = [getattr(r, field) for r in runs if getattr(r, field) is not None] if runs else []
+                expected.append("not run" if runs is None else cell(values, fmt, len(runs)))
+                if values:
+                    image[i, j] = statistics.median(values)
+        assert [t.get_text() for t in ax.texts] == expected, field
+        shown = np.ma.filled(ax.images[0].get_array().astype(float), np.nan)
+        np.testing.assert_allclose(shown, np.log10(image) if field == "final_mae_bits" else image, rtol=1e-12)
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["d 48", "d 64"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["1 layer", "2 layers", "3 layers"]
+
+
+def test_the_size_figure_plots_every_seed_and_its_median_against_the_size(tmp_path, monkeypatch):
+    """What the size figure shows, read off its lines: per panel and trained size, every seed's
+    value at x = size, the median as a bar across it, the chance level of random keys dotted on
+    the key panel; the final error on a log axis."""
+    import windtunnel.report.phases as phases_module
+
+    drawn = {}
+    monkeypatch.setattr(phases_module, "save", lambda fig, path: drawn.setdefault(Path(path).name, fig))
+    results = _results([100] * 5)
+    # Spread unevenly (a median that is not the mean) at S = 2.
+    skewed = [_run(s, 300 + 10 * s * s, final=0.001 * (s + 1) ** 2) for s in range(5)]
+    results["hmm_L2_d48_S2"] = {"training_phases": _result(2, 48, 2, skewed)}
+    draw_phase_diagrams(results, tmp_path)
+    panels = [ax for ax in drawn["hmm_size.png"].axes if ax.get_title()]
+    fields = ["learning_step", "exit_step", "frame_step", "final_mae_bits", "key_cos_layer0", "pc1_variance_explained",
+              "pc1_entropy_spearman_abs", "plateau_mae_bits"]
+    assert len(panels) == len(fields) and panels[4].get_title() == "layer-0 key mean |cos| (dotted: chance)"
+    runs = {2: results["hmm_L2_d48_S2"]["training_phases"].runs, 3: results["hmm_L2_d48_S3"]["training_phases"].runs}
+    for ax, field in zip(panels, fields):
+        lines = [(list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle()) for line in ax.lines]
+        expected = []
+        for size in (2, 3):
+            values = [float(getattr(r, field)) for r in runs[size] if getattr(r, field) is not None]
+            expected.append(([size] * len(values), values, "None"))
+            if values:
+                expected.append(([size - 0.3, size + 0.3], [statistics.median(values)] * 2, "-"))
+            if field == "key_cos_layer0":
+                expected.append(([size - 0.4, size + 0.4], [0.2, 0.2], ":"))
+        assert lines == expected, field
+        assert ax.get_yscale() == ("log" if field == "final_mae_bits" else "linear")
+        assert list(ax.get_xticks()) == [2, 3] and ax.get_xlabel() == "S"

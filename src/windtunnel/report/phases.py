@@ -141,7 +141,8 @@ def median_shift(
     return shift, draws[int(0.025 * (samples - 1))], draws[int(0.975 * (samples - 1))]
 
 
-def _phases(results: Mapping[str, Mapping[str, AnalysisResult]], name: str) -> TrainingPhases | None:
+def _phases(results: Mapping[str, Mapping[str, AnalysisResult]], name: str | None) -> TrainingPhases | None:
+    """The group's phases (None where ``name`` is None, a grid point not trained, or has none)."""
     result = results.get(name, {}).get("training_phases")
     return result if isinstance(result, TrainingPhases) else None
 
@@ -173,8 +174,7 @@ def _heatmaps(grid: Grid, results: Mapping[str, Mapping[str, AnalysisResult]], p
         medians = np.full((len(depths), len(widths)), np.nan)
         for i, depth in enumerate(depths):
             for j, width in enumerate(widths):
-                name = grid.points.get((depth, width, size))
-                result = _phases(results, name) if name else None
+                result = _phases(results, grid.points.get((depth, width, size)))
                 values = _values(result.runs, field) if result else []
                 if values:
                     medians[i, j] = statistics.median(values)
