@@ -43,6 +43,27 @@ def test_a_changed_number_key_or_operator_is_behaviour():
         assert not mutation_score.changes_only_text(original, _function(f"def g__mutmut_1(d):\n    return {mutant}\n")), mutant
 
 
+PLOT = 'def p__mutmut_orig(ax, x, y):\n    ax.plot(x, y, "o", color="#4c72b0", alpha=0.6, ms=5)\n    ax.set_title("t", fontsize=9)\n'
+
+
+@pytest.mark.parametrize(
+    "change, style_only",
+    [
+        (('alpha=0.6', 'alpha=None'), True),  # a style keyword's value
+        (('fontsize=9', 'fontsize=10'), True),
+        ((', ms=5', ''), True),  # a style keyword dropped for its default
+        (('color="#4c72b0", ', ''), True),
+        (('ax.plot(x, y', 'ax.plot(y, x'), False),  # what is plotted
+        (('"o"', '"-"'), False),  # the marker is a positional argument: not a listed keyword
+        (('ax.set_title("t"', 'ax.set_title(None'), False),
+        (('alpha=0.6', 'alpha=0.6'), False),  # no change at all
+    ],
+)
+def test_a_mutant_changes_only_style_when_only_a_calls_style_keywords_differ(change, style_only):
+    mutant = PLOT.replace("__mutmut_orig", "__mutmut_1").replace(*change)
+    assert mutation_score.changes_only_style(_function(PLOT), _function(mutant)) is style_only
+
+
 def test_one_part_of_an_implicitly_joined_caption_rewritten_is_text():
     original = _function('def h__mutmut_orig():\n    return ("Bits from the exact posterior. " "The same criterion.")\n')
     mutant = _function('def h__mutmut_1():\n    return ("Bits from the exact posterior. " "XXThe same criterion.XX")\n')

@@ -1,7 +1,7 @@
 """The mutation score per package, from the results mutmut left in ``mutants/`` (``make mutate``).
 
 Prints JSON: for each package, how many mutants were killed, survived, or reached by no test,
-how many survivors change only the text of a message or caption, how many are listed as
+how many survivors change only the text of a message or caption or the styling of a figure, how many are listed as
 equivalent in ``tools/mutation_equivalent.toml`` (each with its reason), how many survivors that
 do change behaviour are left alive with a note there (``[noted]``: scored as survivors), and the
 score:
@@ -10,8 +10,10 @@ score:
 
 where a mutant "changes only text" when its function's syntax tree differs from the original's
 in prose string constants alone (strings with a space: messages, captions; a key or a name is
-behaviour), each rewritten the way mutmut rewrites text ("XX" around it, or its case changed). Such survivors are counted and listed, not scored: a test that pinned every
-caption's wording would test the wording, not the toolkit. A timeout counts as killed (the
+behaviour), each rewritten the way mutmut rewrites text ("XX" around it, or its case changed), or
+only in the style keywords of its calls (:data:`STYLE_KEYWORDS`: a font size, a colour, a figure's
+size). Such survivors are counted and listed, not scored: a test that pinned every caption's
+wording or every font size would test the wording and the look, not the toolkit. A timeout counts as killed (the
 mutant made the tests hang), as mutmut itself counts it.
 
     python tools/mutation_score.py [--survivors] [--markdown] [--save results/mutation/score.json]
@@ -118,6 +120,34 @@ def changes_only_text(original: ast.AST, mutant: ast.AST) -> bool:
     return changed
 
 
+#: Keyword arguments that set how a figure looks, not what it shows: a survivor that changes only
+#: these (a value, or the keyword dropped for its default) is counted like a text rewrite.
+STYLE_KEYWORDS = frozenset({
+    "fontsize", "alpha", "cmap", "aspect", "figsize", "fraction", "shrink", "ms", "markersize", "lw", "linewidth",
+    "color", "colors", "ha", "va", "rotation", "wspace", "hspace",
+})
+
+
+def _unstyled(function: ast.AST) -> str:
+    """The function's tree without its name and its calls' style keywords, as text to compare."""
+    tree = ast.parse(ast.unparse(function))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.name = "f"
+        if isinstance(node, ast.Call):
+            node.keywords = [k for k in node.keywords if k.arg not in STYLE_KEYWORDS]
+    return ast.dump(tree)
+
+
+def changes_only_style(original: ast.AST, mutant: ast.AST) -> bool:
+    """True if the two function trees differ only in the style keywords of their calls
+    (:data:`STYLE_KEYWORDS`): a font size, a colour, a figure's size."""
+    renamed = [ast.parse(ast.unparse(f)) for f in (original, mutant)]
+    for tree in renamed:
+        tree.body[0].name = "f"
+    return ast.dump(renamed[0]) != ast.dump(renamed[1]) and _unstyled(original) == _unstyled(mutant)
+
+
 def collect(folders: list[Path]) -> list[dict[str, str]]:
     """Every mutant in mutmut's ``mutants/`` folders: its name, its status, and whether it changes
     only text. A mutant run in a later folder (a rerun of survivors after new tests) replaces its
@@ -143,7 +173,8 @@ def collect(folders: list[Path]) -> list[dict[str, str]]:
                     status = "not checked"
                 else:
                     status = "other"
-                text = status in ("survived", "no tests") and original is not None and changes_only_text(original, functions[function])
+                text = status in ("survived", "no tests") and original is not None and (
+                    changes_only_text(original, functions[function]) or changes_only_style(original, functions[function]))
                 mutants[name] = {"name": name, "status": status, "text_only": text}
     return list(mutants.values())
 

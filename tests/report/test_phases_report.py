@@ -201,6 +201,9 @@ def test_the_depth_width_heatmaps_show_each_points_median_range_and_seed_count(t
         assert [t.get_text() for t in ax.texts] == expected, field
         shown = np.ma.filled(ax.images[0].get_array().astype(float), np.nan)
         np.testing.assert_allclose(shown, np.log10(image) if field == "final_mae_bits" else image, rtol=1e-12)
+    bars = [ax.get_ylabel() for ax in fig.axes if not ax.get_title()]  # each panel's colour bar
+    assert bars == ["learning step (half-way)", "plateau exit step", "frame formed (step)", "log10 final mae_bits"]
+    assert fig._suptitle.get_text() == "hmm at S = 3: median over seeds [range], seeds that have the value"
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["d 48", "d 64"]
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["1 layer", "2 layers", "3 layers"]
 
