@@ -812,7 +812,7 @@ def test_table1_and_the_figures_skip_the_groups_a_folder_does_not_hold(tmp_path)
     (only,) = _table1(typed_results({"hmm": {"model_comparison": table}}))  # no bijection, no floored HMM
     assert [row[:3] for row in only.rows] == [["transformer", 1, h] for h in (20, 30, 50)] + [
         ["context-free prior", None, h] for h in (20, 30, 50)]
-    sections = _claims_sections(tmp_path, typed_results({"hmm": {"model_comparison": table}}), "tiny", [])
+    sections = _claims_sections(tmp_path, typed_results({"hmm": {"model_comparison": table}}), "tiny", [], pending=False, meaning="")
     # the one figure whose analysis the folder holds: the MLP control's, of group hmm
     assert [s.title for s in sections] == ["Claims", "The paper's Table 1: error by model and horizon",
                                            "The MLP control, and Table 1's curves (the paper's Fig 10)"]

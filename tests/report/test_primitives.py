@@ -185,6 +185,17 @@ def test_sits_at_needs_both_metrics_within_a_tenth_of_the_prior():
     assert sits_at({"mae_bits": 0.41, "kl_bits": 0.81}, floor, prior)
     assert not sits_at({"mae_bits": 0.61, "kl_bits": 1.0}, floor, prior)  # mae off by 0.11 > 0.1
     assert not sits_at({"mae_bits": 0.5, "kl_bits": 0.79}, floor, prior)  # kl below the floor by 0.21 > 0.2
+    # Exactly a tenth of the prior away on both (0.1 and 0.2 are the products 0.1 x 1.0 and 0.1 x 2.0): within.
+    assert sits_at({"mae_bits": 0.1, "kl_bits": 0.2}, {"mae_bits": 0.0, "kl_bits": 0.0}, prior)
+
+
+@pytest.mark.parametrize("verdict, claim", [("realizes", "holds"), ("partly", "does not hold"), ("fails", "does not hold")])
+def test_the_transformer_claim_holds_only_where_it_realizes_the_primitive(verdict, claim):
+    from windtunnel.report.primitives import PrimitiveCell
+
+    cell = PrimitiveCell("transformer", 1, 10, 0.1, 0.1, (0.1, 0.1), (0.1, 0.1), "95% bootstrap", 0.9, verdict)
+    (row,) = claim_rows("b", {"mae_bits": 1.0, "kl_bits": 1.0}, None, [cell])
+    assert row[1:3] == ["the transformer matches the exact posterior", claim]
 
 
 # --- the study's plan ------------------------------------------------------------------------

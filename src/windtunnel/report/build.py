@@ -432,9 +432,9 @@ def _claims_sections(
     scale: str,
     runs: Sequence[RunRecord],
     *,
-    pending: bool = False,
+    pending: bool,
     beside: Beside | None = None,
-    meaning: str = "",
+    meaning: str,
 ) -> list[Section]:
     """The claims study's sections: the claim table, Table 1 and the paper's figures.
     ``meaning``: what the scale's verdicts mean, shown beside the claim table."""
