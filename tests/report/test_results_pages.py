@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,27 @@ def test_the_training_table_reads_a_start_record_that_lacks_fields_as_blanks_and
     rows = _training_table(tmp_path, manifest).rows
     assert rows == [[run.name, "NVIDIA H100", "float32", "1,200-3,400 of 5,000", "time_limit", 41.5, 1.6, "0123456"],
                     [run.name, "cpu", None, "0-0 of 0", "", None, None, None]]
+
+
+def test_a_report_rebuilt_from_a_results_folder_draws_the_phase_diagrams_and_shows_a_scale_beside(tmp_path):
+    """build_report on the committed folders' copies: the phases study's diagrams are drawn from
+    its saved results into the report and shown there; the claims study's table gains the column
+    of the reproduction given beside it (and a claims folder gets no phase diagrams)."""
+    from windtunnel.report.build import PHASE_DIAGRAMS_DIR, build_report
+    from windtunnel.report.html import MissingFigureWarning
+    from windtunnel.run_layout import REPORT_DIR
+
+    phases, cpu = tmp_path / "phases", tmp_path / "cpu"
+    shutil.copytree(ROOT / "results" / "phases", phases)
+    shutil.copytree(ROOT / "results" / "cpu", cpu)
+    build_report(phases)
+    drawn = sorted(p.name for p in (phases / REPORT_DIR / PHASE_DIAGRAMS_DIR).glob("*.png"))
+    assert "hmm_depth_width.png" in drawn and "bijection_size.png" in drawn
+    markdown = (phases / REPORT_DIR / "report.md").read_text()
+    # The report shows each as its own numbered copy (figures/NN_<name>).
+    assert all(re.search(rf"\]\(figures/\d+_{re.escape(name)}\)", markdown) for name in drawn) and "figure missing" not in markdown
+    with pytest.warns(MissingFigureWarning, match="figure"):  # a results folder keeps no analysis figures
+        build_report(cpu, ROOT / "results" / "paper")
+    assert not (cpu / REPORT_DIR / PHASE_DIAGRAMS_DIR).exists()
+    markdown = (cpu / REPORT_DIR / "report.md").read_text()
+    assert "holds at paper scale?" in markdown and "is the verdict of the paper-scale reproduction given beside this one" in markdown
