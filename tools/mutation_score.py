@@ -128,13 +128,14 @@ STYLE_KEYWORDS = frozenset({
 })
 
 
-def _unstyled(function: ast.AST) -> str:
-    """The function's tree without its name and its calls' style keywords, as text to compare."""
+def _normalized(function: ast.AST, *, style: bool = True) -> str:
+    """The function's tree as text to compare, without its name (mutmut renames every copy) and,
+    with ``style=False``, without its calls' style keywords."""
     tree = ast.parse(ast.unparse(function))
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             node.name = "f"
-        if isinstance(node, ast.Call):
+        if isinstance(node, ast.Call) and not style:
             node.keywords = [k for k in node.keywords if k.arg not in STYLE_KEYWORDS]
     return ast.dump(tree)
 
@@ -142,10 +143,7 @@ def _unstyled(function: ast.AST) -> str:
 def changes_only_style(original: ast.AST, mutant: ast.AST) -> bool:
     """True if the two function trees differ only in the style keywords of their calls
     (:data:`STYLE_KEYWORDS`): a font size, a colour, a figure's size."""
-    renamed = [ast.parse(ast.unparse(f)) for f in (original, mutant)]
-    for tree in renamed:
-        tree.body[0].name = "f"
-    return ast.dump(renamed[0]) != ast.dump(renamed[1]) and _unstyled(original) == _unstyled(mutant)
+    return _normalized(original) != _normalized(mutant) and _normalized(original, style=False) == _normalized(mutant, style=False)
 
 
 def collect(folders: list[Path]) -> list[dict[str, str]]:
