@@ -86,8 +86,11 @@ test: install-test
 mutate: install-test
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[mutate]'
 	rm -rf .mutate-tiny && $(BIN)/windtunnel reproduce --scale tiny --out $(CURDIR)/.mutate-tiny > /dev/null
+	# The outcomes saved by earlier runs, for every function unchanged since (by hash).
+	$(BIN)/python tools/mutation_outcomes.py restore
 	# One thread per mutant: a forked test process whose parent had started OpenMP threads hangs.
-	OMP_NUM_THREADS=1 WINDTUNNEL_TINY_REPRODUCTION=$(CURDIR)/.mutate-tiny $(BIN)/mutmut run --max-children $$(nproc) $(ONLY)
+	OMP_NUM_THREADS=1 WINDTUNNEL_TINY_REPRODUCTION=$(CURDIR)/.mutate-tiny $(BIN)/mutmut run --max-children $$(nproc) $(ONLY); \
+	status=$$?; $(BIN)/python tools/mutation_outcomes.py save; exit $$status
 	$(BIN)/python tools/mutation_score.py
 
 bench: install

@@ -380,6 +380,7 @@ def test_every_figure_shows_its_titles_whole(tiny, tmp_path, monkeypatch):
     assert any("headings span" in p for p in found), found
 
 
+@pytest.mark.slow  # rebuilds the whole tiny report (20 s): out of make mutate's selection, whose report tests read it faster
 def test_resume_reuses_everything_and_a_plain_rerun_is_refused(tiny, capsys):
     before = {p: p.stat().st_mtime_ns for p in (tiny / "analysis").glob("*/*.json")}
     assert main(["reproduce", "--scale", "tiny", "--out", str(tiny), "--resume"]) == 0

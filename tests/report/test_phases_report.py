@@ -101,6 +101,26 @@ def test_a_shift_is_earlier_only_when_its_interval_excludes_zero():
         median_shift([], [1.0])
 
 
+@pytest.mark.parametrize("samples", [3, 40, 41, 2000])
+def test_the_shift_interval_is_the_lower_order_statistic_of_the_documented_bootstrap_stream(samples):
+    """The interval's ends are numpy's 'lower' 2.5% and 97.5% percentiles (the order statistic at
+    floor(q (n - 1))) of the bootstrap medians drawn from the documented stream: random.Random(seed),
+    each sample resampling the changed seeds, then the base seeds, each to its own size. The sample
+    counts put floor(0.025 (n - 1)) and floor(0.975 (n - 1)) on and beside integers (40 and 41: 0 and 1)."""
+    import random
+
+    import numpy as np
+
+    # Irregular values, so that neighbouring order statistics of the draws differ.
+    base, changed = [400.0 + 7.3 * k * k for k in range(13)], [100.0 + 11.1 * k ** 1.5 for k in range(11)]
+    rng = random.Random(0)
+    draws = [statistics.median(rng.choices(changed, k=len(changed))) - statistics.median(rng.choices(base, k=len(base)))
+             for _ in range(samples)]
+    low, high = np.percentile(draws, [2.5, 97.5], method="lower")
+    assert median_shift(base, changed, samples=samples) == (statistics.median(changed) - statistics.median(base), low, high)
+    assert median_shift(base, changed, samples=samples) == median_shift(base, changed, samples=samples, seed=0)
+
+
 def _knob_row(tmp_path: Path, knob_exits: list[int], settings=None) -> list:
     sections = phases_sections(_results(knob_exits), tmp_path / "analysis", tmp_path / "figures", settings)
     knobs = next(t for t in sections[0].tables if t.columns[0].startswith("knob"))
@@ -137,7 +157,13 @@ def test_the_grid_table_counts_the_seeds_that_left_and_shows_each_range(tmp_path
     assert centre[3] == "100 [100, 100]" and centre[4] == "4/5" and centre[5] == "475 [400, 550]" and centre[9] == "5/5"
     assert by_point[(1, 48, 3)][4] == "0/5" and by_point[(1, 48, 3)][5] is None and by_point[(1, 48, 3)][9] == "no frame"
     assert by_point[(2, 48, 2)][9] == "0/5"
+    assert centre[8] == "0.005 [0.005, 0.005]"  # final KL: 3 significant digits
     assert sections[-1].tables[0].rows == [["hmm", "10/15", "67%", "14/14"]]
+    # A final KL below 1e-4 in exponent form, as Python's 'g' writes it.
+    results = _results([100] * 5)
+    results["hmm_L2_d48_S2"] = {"training_phases": _result(2, 48, 2, [_run(s, 300, final=2.4e-5 * (s + 1)) for s in range(5)])}
+    rows = {(row[0], row[1], row[2]): row for row in phases_sections(results, tmp_path / "a", tmp_path / "f")[0].tables[0].rows}
+    assert rows[(2, 48, 2)][8] == "3.6e-05 [1.2e-05, 6e-05]"
 
 
 def test_knob_settings_read_each_groups_saved_config(tmp_path):
@@ -146,6 +172,8 @@ def test_knob_settings_read_each_groups_saved_config(tmp_path):
     (run / "config.json").write_text('{"model": {"init_std": 0.02}, "train": {"lr": 0.001, "batch_size": 32}}')
     assert knob_settings({"g": run, "missing": tmp_path / "nothing"}) == {
         "g": {"model.init_std": 0.02, "train.lr": 0.001, "train.batch_size": 32}}
+    # An unreadable group before a readable one: left out, and the next still read.
+    assert list(knob_settings({"missing": tmp_path / "nothing", "g": run})) == ["g"]
 
 
 def test_a_slice_of_the_tiny_study_trains_analyzes_and_reports(tmp_path):
@@ -178,6 +206,8 @@ def test_the_depth_width_heatmaps_show_each_points_median_range_and_seed_count(t
     fig = drawn["hmm_depth_width.png"]
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == ["learning step (half-way)", "plateau exit step", "frame formed (step)", "final mae_bits"]
+    boxes = [ax.get_position() for ax in panels]  # side by side in one row, left to right
+    assert len({round(box.y0, 6) for box in boxes}) == 1 and [box.x0 for box in boxes] == sorted(box.x0 for box in boxes)
 
     def cell(values, fmt, of):
         if not values:
@@ -220,16 +250,23 @@ def test_the_size_figure_plots_every_seed_and_its_median_against_the_size(tmp_pa
     # Spread unevenly (a median that is not the mean) at S = 2.
     skewed = [_run(s, 300 + 10 * s * s, final=0.001 * (s + 1) ** 2) for s in range(5)]
     results["hmm_L2_d48_S2"] = {"training_phases": _result(2, 48, 2, skewed)}
+    results["hmm_L2_d48_S1"] = {}  # trained, not analyzed: no dots at S = 1, and the larger sizes still drawn
+    results["hmm_L2_d48_S4"] = {"training_phases": _result(2, 48, 4, [_run(0, 350)])}  # one seed: its own chance level
     draw_phase_diagrams(results, tmp_path)
-    panels = [ax for ax in drawn["hmm_size.png"].axes if ax.get_title()]
+    fig = drawn["hmm_size.png"]
+    assert len(fig.axes) == 8  # one panel per field, two rows of four: no empty panel
+    panels = [ax for ax in fig.axes if ax.get_title()]
     fields = ["learning_step", "exit_step", "frame_step", "final_mae_bits", "key_cos_layer0", "pc1_variance_explained",
               "pc1_entropy_spearman_abs", "plateau_mae_bits"]
-    assert len(panels) == len(fields) and panels[4].get_title() == "layer-0 key mean |cos| (dotted: chance)"
-    runs = {2: results["hmm_L2_d48_S2"]["training_phases"].runs, 3: results["hmm_L2_d48_S3"]["training_phases"].runs}
+    assert [ax.get_title() for ax in panels] == [
+        "learning step (half-way)", "plateau exit step", "frame formed (step)", "final mae_bits",
+        "layer-0 key mean |cos| (dotted: chance)", "residual PC1 share", "|Spearman ρ| (PC1, H_Bayes)", "plateau mae_bits"]
+    assert fig._suptitle.get_text() == "hmm (2 layers, d_model 48): each seed (dots) and the median (bar), against S"
+    runs = {size: results[f"hmm_L2_d48_S{size}"]["training_phases"].runs for size in (2, 3, 4)}
     for ax, field in zip(panels, fields):
         lines = [(list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle()) for line in ax.lines]
         expected = []
-        for size in (2, 3):
+        for size in (2, 3, 4):
             values = [float(getattr(r, field)) for r in runs[size] if getattr(r, field) is not None]
             expected.append(([size] * len(values), values, "None"))
             if values:
@@ -238,4 +275,4 @@ def test_the_size_figure_plots_every_seed_and_its_median_against_the_size(tmp_pa
                 expected.append(([size - 0.4, size + 0.4], [0.2, 0.2], ":"))
         assert lines == expected, field
         assert ax.get_yscale() == ("log" if field == "final_mae_bits" else "linear")
-        assert list(ax.get_xticks()) == [2, 3] and ax.get_xlabel() == "S"
+        assert list(ax.get_xticks()) == [1, 2, 3, 4] and ax.get_xlabel() == "S"
