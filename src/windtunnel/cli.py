@@ -217,6 +217,10 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--seeds", type=_positive_int, required=True, help="number of seeds")
     sweep.add_argument("--out", required=True, metavar="DIR", help="directory of the runs")
     sweep.add_argument("--jobs", type=_positive_int, default=1, help="runs trained side by side (default 1)")
+    grouping = sweep.add_mutually_exclusive_group()
+    grouping.add_argument("--group", dest="group", action="store_true", default=None,
+                          help="train the seeds as one run group, one stacked model (default on a GPU)")
+    grouping.add_argument("--no-group", dest="group", action="store_false", help="train the seeds one run at a time (default on a CPU)")
     _add_engine(sweep, "DIR")
     _add_overrides(sweep, "override a config value for every seed, e.g. train.steps=500 (repeatable)")
     sweep.set_defaults(run=cli_commands.cmd_sweep)

@@ -19,17 +19,18 @@ from windtunnel.analysis.runner import analyze
 from windtunnel.config import ConfigError, to_mapping
 from windtunnel.export import check_out, export_run
 from windtunnel.files import DirectoryInUse, directory_lock, portable_path
-from windtunnel.jobs import TrainJob
+from windtunnel.jobs import GroupJob, TrainJob
 from windtunnel.memory import check_fits
 from windtunnel.models import build_model, count_params, model_class, params_by_part
 from windtunnel.ray_engine import check_engine, open_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import ReportError
 from windtunnel.reproduce import reproduce
-from windtunnel.run_config import load_run_config
+from windtunnel.run_config import RunConfig, load_run_config
 from windtunnel.run_files import check_run_files
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import read_resume_step
+from windtunnel.training.distributed import pick_device
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.trainer import train
 from windtunnel.tunnels import make_tunnel
@@ -194,10 +195,24 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         jobs.append(TrainJob(f"seed_{seed}", Path(args.config), out / f"seed_{seed}", overrides))
     for job in jobs:  # a seed trained before is resumed: its files must be readable
         check_run_files(job.run_dir)
+    runs = [str(job.run_dir) for job in jobs]
+    if _groups_seeds(args.group, base, args.seeds):
+        jobs = [GroupJob(f"seeds_{base.train.seed}-{base.train.seed + args.seeds - 1}", tuple(jobs))]
     check_engine(args.engine, args.address)  # before the folder is created: a bad request changes nothing
     with _one_writer(out, create=True), open_engine(args.engine, args.address) as engine:
         engine.run_jobs(jobs, parallel=args.jobs)
-    print(json.dumps({"runs": [str(job.run_dir) for job in jobs], "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
+    print(json.dumps({"runs": runs, "analyze": f"windtunnel analyze {out}/seed_* --out {out}/analysis"}))
+
+
+def _groups_seeds(asked: bool | None, config: RunConfig, seeds: int) -> bool:
+    """Whether a sweep trains its seeds as one run group: as asked (``--group`` refused for a
+    family that cannot stack), else where it pays: on a GPU, for a family that stacks."""
+    family = model_class(config.model_kind)
+    if asked and family.not_stackable:
+        raise ConfigError(f"--group: runs of the {family.kind} family cannot train as one group ({family.not_stackable})")
+    if asked is not None:
+        return asked and seeds > 1
+    return seeds > 1 and family.not_stackable is None and pick_device(config.train.device).type == "cuda"
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ again resumes every run where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -46,7 +47,7 @@ from windtunnel.training.checkpoint import list_snapshots, read_final_weights_st
 from windtunnel.training.trainer import TrainingInterrupted
 
 __all__ = [
-    "Engine", "JobFailed", "LocalEngine", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
+    "Engine", "GroupJob", "Job", "JobFailed", "LocalEngine", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
     "unfinished", "worker_env",
 ]
 
@@ -90,14 +91,70 @@ class TrainJob:
         return self.run_dir.parent / LOGS_DIR / f"{self.run_dir.name}.log"
 
 
-def job_state(job: TrainJob) -> State:
+    def absolute(self) -> TrainJob:
+        """The job with absolute paths (what a worker on another node or folder needs)."""
+        return dataclasses.replace(self, config=self.config.absolute(), run_dir=self.run_dir.absolute())
+
+    def clear_unstarted(self) -> None:
+        """Remove the folder of a run that stopped before its first checkpoint (its state is
+        ``new``): nothing to keep. A run with a checkpoint or finished is left as it is."""
+        if self.run_dir.exists() and job_state(self) == "new":
+            shutil.rmtree(self.run_dir)
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """Runs trained together as one run group (:mod:`windtunnel.training.group`) in one worker:
+    one job to the engines, each member a :class:`TrainJob` with its own run directory (all
+    in one runs folder). Its state is its members' (done when all are); its progress, the
+    first member's (the members step together)."""
+
+    name: str
+    members: tuple[TrainJob, ...]
+    expected_s: float | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if len({member.runs_folder for member in self.members}) != 1:
+            raise ValueError("the members of a group job share one runs folder")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.members[0].run_dir
+
+    @property
+    def runs_folder(self) -> Path:
+        return self.members[0].runs_folder
+
+    @property
+    def log(self) -> Path:
+        return self.runs_folder / LOGS_DIR / f"{self.name}.log"
+
+    def resolved(self) -> RunConfig:
+        return self.members[0].resolved()
+
+    def absolute(self) -> GroupJob:
+        return dataclasses.replace(self, members=tuple(member.absolute() for member in self.members))
+
+    def clear_unstarted(self) -> None:
+        for member in self.members:
+            member.clear_unstarted()
+
+
+Job = TrainJob | GroupJob
+
+
+def job_state(job: Job) -> State:
     """``done`` (the final snapshot written, at its configured steps or where its time limit
     stopped it, or its final weights kept alone: a results folder's run), ``partial`` (a
-    checkpoint to resume) or ``new``.
+    checkpoint to resume) or ``new``. A group is done when every member is, new when every
+    member is, else partial.
 
     Raises ConfigError if ``run_dir`` holds a run of a different config: a reproduction
     never silently mixes runs of two protocols (another device or time limit is the same protocol).
     """
+    if isinstance(job, GroupJob):
+        states = {job_state(member) for member in job.members}
+        return states.pop() if len(states) == 1 and states <= {"done", "new"} else "partial"
     if not (job.run_dir / CONFIG_FILE).is_file():
         return "new"
     stored, wanted = read_run_config(job.run_dir), job.resolved()
@@ -124,6 +181,9 @@ def train_command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[s
     with the Python running this process, to run in ``job.runs_folder``: it names the run by
     its folder's name, so what the worker prints into its log (the run it trained, how to
     resume it) holds no path of this machine."""
+    if isinstance(job, GroupJob):  # one worker trains the group (or each member alone, where resume needs it)
+        members = [{"config": str(m.config.absolute()), "run_dir": m.run_dir.name, "overrides": list(m.overrides)} for m in job.members]
+        return [sys.executable, "-m", "windtunnel.training.group", json.dumps(members)]
     base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
     if nproc_per_run > 1:  # one DDP run over several processes (GPUs), through PyTorch's own launcher
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_run}", "-m"]
@@ -192,8 +252,8 @@ def run_jobs(
                 while pending and len(running) < parallel and not stop_requested:
                     job = pending.pop(0)
                     state = job_state(job)
-                    if state == "new" and job.run_dir.exists():
-                        shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
+                    if state != "done":
+                        job.clear_unstarted()
                     job.log.parent.mkdir(parents=True, exist_ok=True)
                     with job.log.open("a") as log:
                         process = subprocess.Popen(

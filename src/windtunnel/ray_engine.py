@@ -24,10 +24,8 @@ saves and exits as on a Ctrl-C.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from windtunnel.exit_codes import EXIT_INTERRUPTED
 from windtunnel.config import ConfigError
 from windtunnel.jobs import (
     Engine,
+    Job,
     JobFailed,
     LocalEngine,
     State,
@@ -174,8 +173,8 @@ class RayEngine:
         with stop_signals() as stop_requested:
             try:
                 for job in pending:  # every run at once: Ray queues those the cluster cannot fit yet
-                    if states[job.name] == "new" and job.run_dir.exists():
-                        shutil.rmtree(job.run_dir)  # started but stopped before its first checkpoint: nothing to keep
+                    if states[job.name] != "done":
+                        job.clear_unstarted()
                     threads = self._threads(job, parallel, nproc_per_run)
                     options = {**self._resources(job, parallel, nproc_per_run), "max_retries": 0, "name": f"train {job.name}"}
                     ref = train_task.options(**options).remote(job, states[job.name], nproc_per_run, threads, gate)
@@ -320,8 +319,8 @@ def _stop(gate: Any, outstanding: dict[Any, TrainJob]) -> None:
             pass  # cancelled before it started, or failed: nothing of it to wait for
 
 
-def _absolute(job: TrainJob) -> TrainJob:
-    return dataclasses.replace(job, config=job.config.absolute(), run_dir=job.run_dir.absolute())
+def _absolute(job: Job) -> Job:
+    return job.absolute()
 
 
 def _first_line(error: BaseException) -> str:

@@ -66,6 +66,12 @@ class SequenceModel(nn.Module, abc.ABC):
     #: The family's part in a study (see :data:`Role`).
     role: ClassVar[Role]
 
+    #: Why runs of the family cannot train as one run group (``windtunnel.training.group``
+    #: stacks their parameters and maps the forward over them with ``torch.func.vmap``), or
+    #: None where they can. A family whose forward calls an op that vmap has no batching rule
+    #: for says so here, and its runs train alone.
+    not_stackable: ClassVar[str | None] = None
+
     #: The family's config with every size resolved: rebuilding from it (plus
     #: ``vocab_size`` and ``num_classes``) gives the same architecture. Set by the family.
     config: Any

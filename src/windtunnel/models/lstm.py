@@ -68,6 +68,7 @@ class LSTMControl(MixerControl):
     kind: ClassVar[str] = "lstm"
     config_class: ClassVar[type] = LSTMConfig
     width_field: ClassVar[str] = "d_hidden"
+    not_stackable: ClassVar[str | None] = "torch.func.vmap has no batching rule for aten::lstm"
 
     @classmethod
     def make_mixer(cls, config: LSTMConfig) -> nn.Module:

@@ -75,6 +75,7 @@ class MambaControl(MixerControl):
     kind: ClassVar[str] = "mamba"
     config_class: ClassVar[type] = MambaConfig
     width_field: ClassVar[str] = "d_inner"
+    not_stackable: ClassVar[str | None] = "mambapy's parallel scan is an autograd.Function that torch.func.vmap cannot map (no setup_context)"
 
     @classmethod
     def make_mixer(cls, config: MambaConfig) -> nn.Module:

@@ -280,6 +280,7 @@ class _Session:
     rates: list[float] = dataclasses.field(default_factory=list)  # steps/s of each logged interval (the first holds compilation)
     latest: dict[str, Any] = dataclasses.field(default_factory=dict)  # the last evaluation's numbers
     last_mae: float | None = None
+    group: dict[str, Any] | None = None  # the run group it trains in (windtunnel.training.group): its size and runs
 
     @property
     def t(self) -> TrainConfig:
@@ -338,7 +339,8 @@ def _train(s: _Session, progress: bool, on_step: Callable[[int], None] | None) -
 def _record_start(s: _Session, step: int, *, stopped: str | None) -> None:
     """Append this start's provenance record (the main rank writes it)."""
     if s.dist.is_main:
-        append_start(s.run_dir, _provenance(s.t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped=stopped))
+        record = _provenance(s.t, s.device, s.start, step, time.perf_counter() - s.started, s.rates, stopped=stopped)
+        append_start(s.run_dir, record if s.group is None else {**record, "group": s.group})
 
 
 def _set_up(config: RunConfig, run_dir: Path, device: torch.device, dist: Distributed, resume: bool,
