@@ -618,10 +618,19 @@ def test_the_random_init_column_shows_the_initial_weights_own_verdict_where_it_d
     assert waiting_verdicts.caption.endswith(waiting_words)
     assert waiting_words not in verdicts.caption
     # Another scale's verdicts beside: a column of their own, after ours.
-    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", typed_results({**_bijection_results(0.5), **_hmm_results(0.001)})))
+    other = typed_results({**_bijection_results(0.5), **_hmm_results(0.001)})
+    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", other, False))
     assert beside.columns[2] == "holds at cpu scale?"
+    assert "'holds at cpu scale?' is the verdict of the cpu-scale reproduction given beside this one." in beside.caption
+    assert waiting_words not in beside.caption
     rows = {row[0]: row for row in beside.rows}
     assert rows[bijection][1:3] == ["yes", "no"] and rows[hmm_k20][1:3] == ["no", "yes"]
+    assert rows[seeds][1:3] == ["n/a", "n/a"]
+    # A folder beside that still lacks planned runs: its claims without a result wait, ours do not.
+    beside, _ = claim_tables(trained, initial, "paper", beside=("cpu", other, True))
+    rows = {row[0]: row for row in beside.rows}
+    assert rows[seeds][1:3] == ["n/a", NOT_YET_RUN] and rows[bijection][1:3] == ["yes", "no"]
+    assert beside.caption.endswith(waiting_words)
 
 
 def test_the_tally_counts_what_is_waiting_and_names_every_split_claim():

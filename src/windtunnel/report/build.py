@@ -121,7 +121,7 @@ def figure_section_title(title: str, paper_figure: str) -> str:
 TABLE1_GROUPS = ("bijection", "bijection_with_replacement", "hmm", "hmm_floor")
 
 
-def _verdict_cell(judged: Verdict, pending: bool = False) -> str:
+def _verdict_cell(judged: Verdict, *, pending: bool) -> str:
     """``"yes"``, ``"no"`` or ``"n/a"``, with the seeds' split where each was judged alone;
     ``pending``: the folder still lacks planned runs, so a claim with no result yet is "not yet run"."""
     if judged.holds is None and pending:
@@ -129,8 +129,9 @@ def _verdict_cell(judged: Verdict, pending: bool = False) -> str:
     return verdict(judged.holds) + (f"; {judged.seed_split}" if judged.seed_split else "")
 
 
-#: Another reproduction's claim results shown beside this one's: its scale and its results.
-Beside = tuple[str, Results]
+#: Another reproduction's claim results shown beside this one's: its scale, its results, and
+#: whether it still lacks planned runs (then its claims without a result read "not yet run").
+Beside = tuple[str, Results, bool]
 
 
 def claim_tables(
@@ -162,10 +163,10 @@ def claim_tables(
         if init.measured is None:
             init_verdict = init_number = NOT_YET_RUN if waiting else "n/a"
         else:
-            init_verdict, init_number = _verdict_cell(init), init.ours
-        row = [claim.claim, _verdict_cell(ours, pending)]
-        if other is not None:
-            row.append(_verdict_cell(other[index]))
+            init_verdict, init_number = _verdict_cell(init, pending=False), init.ours
+        row = [claim.claim, _verdict_cell(ours, pending=pending)]
+        if beside is not None and other is not None:
+            row.append(_verdict_cell(other[index], pending=beside[2]))
         verdict_rows.append([*row, claim.criterion, verdict(claim.paper_holds()), init_verdict])
         number_rows.append([claim.claim, paper, ours.ours if ours.measured or not pending else NOT_YET_RUN,
                             ours.stricter or None, init_number])
@@ -182,7 +183,7 @@ def claim_tables(
         "is one per run, 'k of n seeds hold' applies the same criterion to each seed's run alone. The numbers behind "
         "each verdict are in the next table."
         + (f" 'holds at {beside[0]} scale?' is the verdict of the {beside[0]}-scale reproduction given beside this one." if beside else "")
-        + (f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet." if pending else ""),
+        + (f" '{NOT_YET_RUN}': the runs this claim reads are not in the folder yet." if pending or (beside and beside[2]) else ""),
     )
     numbers = Table(
         ["claim", "the paper's number (metric, task variant)", f"ours ({scale} scale)",
@@ -364,7 +365,7 @@ def assemble_report(out: Path, beside: Path | None = None) -> Report:
         other_manifest = Manifest.read(Path(beside))
         if other_manifest.study != "claims" or manifest.study != "claims":
             raise ReportError(f"--beside {str(beside)!r}: verdicts are shown side by side for reproductions of the claims only")
-        other = (other_manifest.scale, load_results(Path(beside)))
+        other = (other_manifest.scale, load_results(Path(beside)), bool(other_manifest.not_yet_run))
     if manifest.stage not in REPORTABLE_STAGES:
         raise ReportError(
             f"{str(out)!r} is an unfinished reproduction (stopped at stage {manifest.stage!r}): finish it with "
