@@ -2,6 +2,7 @@
 
     python bench/step.py [--steps 20] [--presets bijection_transformer hmm_transformer]
                          [--variants plain compile ...] [--devices cpu cuda] [--threads N]
+                         [--groups 1 3 5] [--configs configs/cpu]
 
 For each device (the CPU, and CUDA where torch sees one) and each preset of
 ``configs/paper``, the trainer itself (:func:`windtunnel.training.trainer.train`: sampling,
@@ -24,6 +25,16 @@ The data share is the wall time of drawing one batch as the trainer draws it by 
 the device where that is CUDA; on a CPU, on the host) over the wall time of one plain step; on
 CUDA the share of drawing on the host and copying is given beside it.
 
+With ``--groups 1 3 5``, each group size trains that many seeds of the preset as one run
+group (:mod:`windtunnel.training.group`, the plain variant) for ``--steps`` steps: the group's
+steps/s, its throughput in runs x steps/s, and that throughput's ratio to the plain lone run's
+steps/s measured in the same run (above 1: the group pays on that device).
+
+``dispatched_ops_per_step`` counts the aten operations one plain training step dispatches
+(a ``TorchDispatchMode`` counter around the trainer's own step, after two warm-up steps), and
+with ``--groups`` those of one step of each group: on a GPU each is at least one kernel
+launch from the host, so it is the launch count any machine can measure.
+
 Prints one JSON object: per device and preset each variant's steps/s, FLOP/s and projected
 minutes for the preset's full step count, and each variant's ratio to ``plain`` measured in
 the same run. It measures; it asserts nothing about time.
@@ -40,6 +51,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from windtunnel.run_config import RunConfig, load_run_config
@@ -71,6 +83,56 @@ def steps_per_s(config: RunConfig) -> float:
         train(config, Path(folder) / "run", progress=False)
         records = [json.loads(line) for line in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = [r["seq_per_s"] / config.train.batch_size for r in records if "seq_per_s" in r][1:]
+    if not rates:
+        raise SystemExit("bench/step.py: no timed interval after the first: raise --steps (at least 3)")
+    return statistics.median(rates)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops_per_step(configs: list[RunConfig]) -> int:
+    """Aten ops one training step dispatches: the trainer's lone step for one config, the run
+    group's step for several (each after two warm-up steps)."""
+    from windtunnel.training import trainer
+    from windtunnel.training.distributed import pick_device, setup_distributed
+    from windtunnel.training.group import _GroupLoop
+
+    device = pick_device(configs[0].train.device)
+    dist = setup_distributed(device)
+    interrupt = trainer._InterruptFlag()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            sessions = [trainer._set_up(c, Path(folder) / f"run{i}", device, dist, False, interrupt) for i, c in enumerate(configs)]
+            step = (lambda k: trainer._step(sessions[0], k)) if len(configs) == 1 else _GroupLoop(sessions).step
+            step(0), step(1)
+            with _OpCounter() as counter:
+                step(2)
+            for session in sessions:
+                session.tracking.close(False)
+            return counter.count
+    finally:
+        interrupt.restore()
+        dist.close()
+
+
+def group_steps_per_s(configs: list[RunConfig]) -> float:
+    """Median steps/s of one short run group's logged intervals after the first (its first member's)."""
+    from windtunnel.training.group import train_group
+
+    with tempfile.TemporaryDirectory() as folder:
+        train_group(configs, [Path(folder) / f"run{i}" for i in range(len(configs))], progress=False)
+        records = [json.loads(line) for line in (Path(folder) / "run0" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["seq_per_s"] / configs[0].train.batch_size for r in records if "seq_per_s" in r][1:]
     if not rates:
         raise SystemExit("bench/step.py: no timed interval after the first: raise --steps (at least 3)")
     return statistics.median(rates)
@@ -110,6 +172,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--devices", nargs="*", default=devices_present(), choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads (default: all)")
+    parser.add_argument("--groups", nargs="*", type=int, default=[], help="run-group sizes to measure (e.g. 1 3 5)")
+    parser.add_argument("--configs", type=Path, default=PRESETS, help="the presets' folder (default: configs/paper)")
     args = parser.parse_args()
     if "cuda" in args.devices and not torch.cuda.is_available():
         raise SystemExit("bench/step.py: --devices cuda, but torch sees no CUDA device")
@@ -123,14 +187,15 @@ def main() -> None:
         for preset in args.presets:
             base = [f"train.device={device}", f"train.steps={args.steps}", f"train.log_every={log_every}", "train.eval_every=0",
                     "train.checkpoint_every=0", "train.snapshots_per_decade=0", "eval.n=64"]
-            config = load_run_config(PRESETS / f"{preset}.toml", base)
-            total_steps = load_run_config(PRESETS / f"{preset}.toml").train.steps
+            preset_file = args.configs / f"{preset}.toml"
+            config = load_run_config(preset_file, base)
+            total_steps = load_run_config(preset_file).train.steps
             flops = step_flops(config, device)
             entry: dict = {"steps": total_steps, "flops_per_step": flops}
             for variant in args.variants:
                 if variant in CUDA_ONLY and device != "cuda":
                     continue
-                rate = steps_per_s(load_run_config(PRESETS / f"{preset}.toml", [*base, *VARIANTS[variant]]))
+                rate = steps_per_s(load_run_config(preset_file, [*base, *VARIANTS[variant]]))
                 entry[variant] = {
                     "steps_per_s": round(rate, 3),
                     "flop_per_s": float(f"{flops * rate:.4g}"),
@@ -138,6 +203,14 @@ def main() -> None:
                 }
             plain = entry["plain"]["steps_per_s"]
             entry["over_plain"] = {v: round(entry[v]["steps_per_s"] / plain, 3) for v in args.variants if v in entry and v != "plain"}
+            plain_config = load_run_config(preset_file, [*base, *VARIANTS["plain"]])
+            entry["dispatched_ops_per_step"] = {"lone": dispatched_ops_per_step([plain_config])}
+            for size in args.groups:
+                members = [load_run_config(preset_file, [*base, *VARIANTS["plain"], f"train.seed={seed}"]) for seed in range(size)]
+                rate = group_steps_per_s(members)
+                entry[f"group_{size}"] = {"steps_per_s": round(rate, 3), "runs_steps_per_s": round(size * rate, 3),
+                                          "over_plain_lone": round(size * rate / plain, 3)}
+                entry["dispatched_ops_per_step"][f"group_{size}"] = dispatched_ops_per_step(members)
             repeats = max(3, args.steps)
             entry["data_share_of_plain_step"] = round(data_seconds(config, device, repeats, on_device=device == "cuda") * plain, 4)
             if device == "cuda":

@@ -43,6 +43,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from windtunnel.config import ConfigError
+from windtunnel.memory import check_fits
 from windtunnel.models.build import model_class
 from windtunnel.progress import TrainingProgress
 from windtunnel.run_config import RunConfig
@@ -61,10 +62,12 @@ from windtunnel.training.trainer import (
     _save_state,
     _Session,
     _set_up,
+    _step_bytes,
     data_seed,
     train,
 )
 from windtunnel.tunnels import Episode
+from windtunnel.tunnels.capabilities import value_dim_of
 
 __all__ = ["GroupMember", "group_key", "train_group"]
 
@@ -76,7 +79,7 @@ def group_key(config: RunConfig) -> tuple:
     """What runs must share to train as one group: the model config, the tunnel's shapes and
     every training setting but the seed."""
     tunnel = config.tunnel
-    shape = (tunnel.vocab_size, tunnel.num_classes, tunnel.seq_len(), getattr(tunnel, "value_dim", 0))
+    shape = (tunnel.vocab_size, tunnel.num_classes, tunnel.seq_len(), value_dim_of(tunnel))
     return (config.model, shape, dataclasses.replace(config.train, seed=0), config.eval.n, config.eval.batch_size)
 
 
@@ -127,6 +130,9 @@ def train_group(
         if dist.enabled:
             raise ConfigError("a run group trains in one process; launch its runs alone under torchrun")
         try:
+            # Each member's step is checked by _set_up; the group holds all of theirs at once.
+            check_fits(f"a step of a group of {len(configs)} runs of batch {t.batch_size}",
+                       len(configs) * _step_bytes(configs[0], t.batch_size), "train fewer runs per group, or lower train.batch_size")
             members = [_set_up(config, d, device, dist, resume, interrupt) for config, d in zip(configs, run_dirs)]
             names = [d.name for d in run_dirs]
             for member in members:
