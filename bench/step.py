@@ -100,9 +100,9 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def dispatched_ops_per_step(configs: list[RunConfig]) -> int:
-    """Aten ops one training step dispatches: the trainer's lone step for one config, the run
-    group's step for several (each after two warm-up steps)."""
+def dispatched_ops_per_step(configs: list[RunConfig], *, group: bool) -> int:
+    """Aten ops one training step dispatches (after two warm-up steps): the trainer's lone step
+    of ``configs[0]``, or with ``group`` the step of ``configs`` as one run group."""
     from windtunnel.training import trainer
     from windtunnel.training.distributed import pick_device, setup_distributed
     from windtunnel.training.group import _GroupLoop
@@ -112,8 +112,9 @@ def dispatched_ops_per_step(configs: list[RunConfig]) -> int:
     interrupt = trainer._InterruptFlag()
     try:
         with tempfile.TemporaryDirectory() as folder:
-            sessions = [trainer._set_up(c, Path(folder) / f"run{i}", device, dist, False, interrupt) for i, c in enumerate(configs)]
-            step = (lambda k: trainer._step(sessions[0], k)) if len(configs) == 1 else _GroupLoop(sessions).step
+            runs = configs if group else configs[:1]
+            sessions = [trainer._set_up(c, Path(folder) / f"run{i}", device, dist, False, interrupt) for i, c in enumerate(runs)]
+            step = _GroupLoop(sessions).step if group else (lambda k: trainer._step(sessions[0], k))
             step(0), step(1)
             with _OpCounter() as counter:
                 step(2)
@@ -204,13 +205,13 @@ def main() -> None:
             plain = entry["plain"]["steps_per_s"]
             entry["over_plain"] = {v: round(entry[v]["steps_per_s"] / plain, 3) for v in args.variants if v in entry and v != "plain"}
             plain_config = load_run_config(preset_file, [*base, *VARIANTS["plain"]])
-            entry["dispatched_ops_per_step"] = {"lone": dispatched_ops_per_step([plain_config])}
+            entry["dispatched_ops_per_step"] = {"lone": dispatched_ops_per_step([plain_config], group=False)}
             for size in args.groups:
                 members = [load_run_config(preset_file, [*base, *VARIANTS["plain"], f"train.seed={seed}"]) for seed in range(size)]
                 rate = group_steps_per_s(members)
                 entry[f"group_{size}"] = {"steps_per_s": round(rate, 3), "runs_steps_per_s": round(size * rate, 3),
                                           "over_plain_lone": round(size * rate / plain, 3)}
-                entry["dispatched_ops_per_step"][f"group_{size}"] = dispatched_ops_per_step(members)
+                entry["dispatched_ops_per_step"][f"group_{size}"] = dispatched_ops_per_step(members, group=True)
             repeats = max(3, args.steps)
             entry["data_share_of_plain_step"] = round(data_seconds(config, device, repeats, on_device=device == "cuda") * plain, 4)
             if device == "cuda":

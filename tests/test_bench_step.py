@@ -53,3 +53,20 @@ def test_bench_step_refuses_a_device_it_does_not_have():
         pytest.skip("this machine has CUDA")
     result = subprocess.run([sys.executable, str(STEP), "--devices", "cuda"], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "torch sees no CUDA device" in result.stderr
+
+
+def test_bench_step_measures_run_groups_and_counts_dispatched_ops():
+    result = subprocess.run(
+        [sys.executable, str(STEP), "--steps", "3", "--presets", "bijection_transformer", "--variants", "plain", "--devices", "cpu",
+         "--threads", "1", "--groups", "1", "2", "--configs", str(STEP.parents[1] / "configs" / "cpu")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    entry = json.loads(result.stdout)["devices"]["cpu"]["bijection_transformer"]
+    for size in (1, 2):
+        group = entry[f"group_{size}"]
+        assert group["runs_steps_per_s"] == pytest.approx(size * group["steps_per_s"], abs=2e-3)  # both rounded to 3 decimals
+        assert group["over_plain_lone"] == pytest.approx(group["runs_steps_per_s"] / entry["plain"]["steps_per_s"], rel=1e-2)
+    ops = entry["dispatched_ops_per_step"]
+    # Two runs draw two batches and clip two gradient sets: more ops than one, and not twice a lone step's.
+    assert 0 < ops["lone"] and ops["group_1"] < ops["group_2"] < 2 * ops["group_1"]
