@@ -22,6 +22,7 @@ from windtunnel.training.checkpoint import read_resume_step, snapshot_path
 from windtunnel.training.group import train_group
 from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, train
 from windtunnel.tunnels import Episode
+from scopes import once_per_module
 
 # A group computes each run's forward as one batched (vmap) matmul where the lone run does one
 # matmul per run: float32 sums in another order, about one rounding (1.2e-7 relative) per op.
@@ -122,9 +123,17 @@ def _seeds(tmp_path: Path, n: int = 3):
     return _configs(tmp_path, "transformer", [(f"train.seed={seed}",) for seed in range(n)])
 
 
-def test_a_run_that_diverges_ends_alone_with_its_message_and_the_others_go_on(tmp_path, monkeypatch):
+@pytest.fixture(scope=once_per_module)
+def whole_group(tmp_path_factory) -> tuple[list[Path], list]:
+    """Three seeds of the tiny transformer trained as one group, uninterrupted: their run folders and results."""
+    folder = tmp_path_factory.mktemp("whole")
+    dirs = [folder / f"whole{i}" for i in range(3)]
+    return dirs, train_group(_seeds(folder), dirs, progress=False)
+
+
+def test_a_run_that_diverges_ends_alone_with_its_message_and_the_others_go_on(tmp_path, monkeypatch, whole_group):
     configs = _seeds(tmp_path)
-    reference = train_group(configs, [tmp_path / f"ref{i}" for i in range(3)], progress=False)
+    reference_dirs, reference = whole_group
     real_losses, calls = group_module._GroupLoop._losses, []
 
     def losses(self, logits, episodes):  # the second run's loss is infinite from its 8th step on
@@ -143,15 +152,14 @@ def test_a_run_that_diverges_ends_alone_with_its_message_and_the_others_go_on(tm
     assert not (dirs[1] / "provenance.json").exists()  # as a lone run that diverges in its first start
     for i in (0, 2):
         assert outcomes[i].steps == 12
-        assert torch.allclose(torch.tensor(_losses(dirs[i])), torch.tensor(_losses(tmp_path / f"ref{i}")), rtol=LOSS_RTOL, atol=0)
+        assert torch.allclose(torch.tensor(_losses(dirs[i])), torch.tensor(_losses(reference_dirs[i])), rtol=LOSS_RTOL, atol=0)
         assert abs(outcomes[i].final_eval["eval_mae_bits"] - reference[i].final_eval["eval_mae_bits"]) <= EVAL_ATOL_BITS
     assert len(calls) == 12 and calls[7:] == [3] + [2] * 4  # the stack shrank at the boundary of step 8
 
 
-def test_a_group_killed_part_way_resumes_every_member_to_the_uninterrupted_weights(tmp_path):
+def test_a_group_killed_part_way_resumes_every_member_to_the_uninterrupted_weights(tmp_path, whole_group):
     configs = _seeds(tmp_path)
-    whole = [tmp_path / f"whole{i}" for i in range(3)]
-    train_group(configs, whole, progress=False)
+    whole, _ = whole_group
     dirs = [tmp_path / f"run{i}" for i in range(3)]
 
     def crash(step: int) -> None:
