@@ -140,3 +140,18 @@ def test_the_readme_table_has_one_row_per_package_with_its_counts(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "| `metrics.py` | 21 (21) | 20 | 1 | 0 | 0 | 0 | 1 | 95.2% |"
     assert lines[3] == "| `report/ tables and page` | 2034 (300) | 258 | 41 | 1 | 14 | 4 | 0 | 91.5% (sample; 95% CI 87.6%–94.2%) |"
+
+
+def test_an_update_replaces_only_the_rows_of_packages_checked_in_full():
+    saved = {"provenance": {"commit": "old"}, "packages": {
+        "metrics.py": {"mutants": 21, "not_checked": 0, "score": 0.9},
+        "tunnels/": {"mutants": 100, "not_checked": 0, "score": 0.99},
+        "analysis/": {"mutants": 50, "not_checked": 40, "score": 0.8}}}
+    result = {"metrics.py": {"mutants": 21, "not_checked": 0, "score": 1.0},  # run in full: replaced
+              "analysis/": {"mutants": 50, "not_checked": 10, "score": 0.95},  # in part: the saved row stands
+              "training/ (checkpoints, trainer)": {"mutants": 5, "not_checked": 0, "score": 0.6}}  # new and full: added
+    got = mutation_score.update(saved, result, {"commit": "new"})
+    assert got["provenance"] == {"commit": "old"}
+    assert got["packages"]["metrics.py"] == {"mutants": 21, "not_checked": 0, "score": 1.0, "provenance": {"commit": "new"}}
+    assert got["packages"]["tunnels/"] == saved["packages"]["tunnels/"] and got["packages"]["analysis/"] == saved["packages"]["analysis/"]
+    assert got["packages"]["training/ (checkpoints, trainer)"]["provenance"] == {"commit": "new"}

@@ -17,10 +17,14 @@ wording or every font size would test the wording and the look, not the toolkit.
 mutant made the tests hang), as mutmut itself counts it.
 
     python tools/mutation_score.py [--survivors] [--markdown] [--save results/mutation/score.json]
+                                   [--update results/mutation/score.json]
 
 ``--survivors`` lists every scored survivor by name; ``--markdown`` prints the table the
 docs/testing.md shows instead of JSON; ``--save`` also writes the scores with their provenance (the
-command, the processor, the commit, mutmut's version) for the table in docs/testing.md. mutmut numbers a function's mutants in the order it
+command, the processor, the commit, mutmut's version) for the table in docs/testing.md; ``--update``
+replaces there only the rows of the packages this run checked in full, each with its own
+provenance (a run that accumulates over several sittings completes one package at a time).
+mutmut numbers a function's mutants in the order it
 generates them, so an equivalent listed by name stays valid until that function changes.
 """
 
@@ -245,6 +249,18 @@ def rescore(saved: dict[str, dict], mutants: list[dict[str, str]], equivalent: d
     return result
 
 
+def update(saved: dict, result: dict[str, dict], run_provenance: dict[str, str]) -> dict:
+    """``saved`` (a file ``--save`` wrote) with the rows of the packages ``result`` checked in
+    full replaced, each carrying ``run_provenance`` (the run that made it); every other row, a
+    package this run did not reach or reached in part (fastest mutants first: not a random
+    sample), stands as saved."""
+    packages = dict(saved["packages"])
+    for package, row in result.items():
+        if row["not_checked"] == 0:
+            packages[package] = {**row, "provenance": run_provenance}
+    return {**saved, "packages": packages}
+
+
 def _processor() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -289,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=Path, help="count only the mutants named in this file (one per line): a random sample's")
     parser.add_argument("--rescore", type=Path, help="update a file --save wrote from a rerun of its survivors (see rescore())")
     parser.add_argument("--table-from", type=Path, help="print docs/testing.md's table from a file --save wrote (no mutmut results needed)")
+    parser.add_argument("--update", type=Path, help="replace, in a file --save wrote, the rows of the packages this run checked in full (see update())")
     args = parser.parse_args(argv)
     if args.table_from:
         print_table(json.loads(args.table_from.read_text())["packages"])
@@ -308,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         result = rescore(json.loads(args.rescore.read_text())["packages"], mutants, equivalent, noted)
     else:
         result = score(mutants, equivalent, noted)
+    if args.update:
+        updated = update(json.loads(args.update.read_text()), result, provenance(args.command))
+        args.update.write_text(json.dumps(updated, indent=1, ensure_ascii=False) + "\n")
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         saved = {"provenance": provenance(args.command), "packages": result}
