@@ -281,3 +281,16 @@ def test_a_group_jobs_state_is_its_members_and_only_unstarted_members_are_cleare
     assert (members[0].run_dir / "resume.safetensors").is_file() and not members[1].run_dir.exists()
     with pytest.raises(ValueError, match="share one runs folder"):
         GroupJob("mixed", (members[0], TrainJob("x", config, tmp_path / "elsewhere" / "x")))
+
+
+@pytest.mark.slow  # compiling the stacked forward takes about 30 s on a CPU
+def test_a_compiled_group_follows_the_plain_group_within_rounding(tmp_path, whole_group):
+    """``train.compile``: the forward over the run axis through torch.compile; its fused kernels
+    round differently, so the losses follow the plain group's within float32 rounding (as a lone
+    compiled run follows a plain one)."""
+    dirs, _ = whole_group
+    configs = _configs(tmp_path, "transformer", [(f"train.seed={seed}", "train.compile=true") for seed in range(3)])
+    compiled = [tmp_path / f"compiled{i}" for i in range(3)]
+    train_group(configs, compiled, progress=False)
+    for plain, fused in zip(dirs, compiled):
+        assert torch.allclose(torch.tensor(_losses(fused)), torch.tensor(_losses(plain)), rtol=LOSS_RTOL, atol=0)

@@ -96,8 +96,6 @@ def check_groupable(configs: Sequence[RunConfig]) -> None:
         for part, a, b in zip(parts, first, group_key(config)):
             if a != b:
                 raise ConfigError(f"runs of one group must share {part}; these differ: {a!r} and {b!r}")
-    if configs[0].train.compile:
-        raise ConfigError("train.compile is not supported in a run group yet; set train.compile=false or train the runs alone")
 
 
 def train_group(
@@ -129,6 +127,9 @@ def train_group(
         dist = setup_distributed(device)
         if dist.enabled:
             raise ConfigError("a run group trains in one process; launch its runs alone under torchrun")
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        if t.compile and device.type == "cpu":
+            torch.use_deterministic_algorithms(True)  # as a lone compiled run (trainer._train_on_device says why)
         try:
             # Each member's step is checked by _set_up; the group holds all of theirs at once.
             check_fits(f"a step of a group of {len(configs)} runs of batch {t.batch_size}",
@@ -142,6 +143,7 @@ def train_group(
                 warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
                 return _GroupLoop(members).run(progress, on_step)
         finally:
+            torch.use_deterministic_algorithms(deterministic)
             dist.close()
     finally:
         interrupt.restore()
@@ -179,6 +181,8 @@ class _GroupLoop:
         self.start = members[0].start
         if any(m.start != self.start for m in members):
             raise ValueError("the members of a group must start at one step")
+        self.supervised_only = t.supervised_only
+        self._forwards: dict[bool, Callable[..., torch.Tensor]] = {}
         self.first_bad_step = torch.zeros(len(members), dtype=torch.long, device=members[0].device)
         self.first_bad_loss = torch.zeros(len(members), device=members[0].device)
 
@@ -243,11 +247,20 @@ class _GroupLoop:
 
     # --- the step --------------------------------------------------------------------
 
-    def _forward_one(self, params: dict, buffers: dict, tokens: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
+    def _forward_one(self, params: dict, buffers: dict, tokens: torch.Tensor, values: torch.Tensor | None,
+                     positions: torch.Tensor) -> torch.Tensor:
+        """One run's logits at the supervised positions (``vmap`` maps it over the runs)."""
         kwargs: dict[str, Any] = {} if values is None else {"values": values}
-        if self.members[0].t.supervised_only:
-            return functional_call(self.base, (params, buffers), (tokens,), {**kwargs, "at": self.positions})
-        return functional_call(self.base, (params, buffers), (tokens,), kwargs)[:, self.positions]
+        if self.supervised_only:
+            return functional_call(self.base, (params, buffers), (tokens,), {**kwargs, "at": positions})
+        return functional_call(self.base, (params, buffers), (tokens,), kwargs)[:, positions]
+
+    def _stacked_forward(self, with_values: bool) -> Callable[..., torch.Tensor]:
+        """The forward over the run axis (compiled once where ``train.compile`` asks: static shapes)."""
+        if with_values not in self._forwards:
+            forward = vmap(self._forward_one, in_dims=(0, 0, 0, 0 if with_values else None, None))
+            self._forwards[with_values] = torch.compile(forward, dynamic=False) if self.members[0].t.compile else forward
+        return self._forwards[with_values]
 
     def _batches(self, step: int) -> list[Episode]:
         """Each member's batch of ``step``, drawn exactly as it would be alone."""
@@ -282,7 +295,7 @@ class _GroupLoop:
         tokens = torch.stack([e.tokens for e in episodes])
         values = None if episodes[0].value_inputs is None else torch.stack([e.value_inputs for e in episodes])
         with self.members[0].autocast:
-            logits = vmap(self._forward_one, in_dims=(0, 0, 0, None if values is None else 0))(self.params, self.buffers, tokens, values)
+            logits = self._stacked_forward(values is not None)(self.params, self.buffers, tokens, values, self.positions)
         losses = self._losses(logits, episodes)
         loss_values = losses.detach().float()
         first_bad = (self.first_bad_step == 0) & ~torch.isfinite(loss_values)
