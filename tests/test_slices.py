@@ -96,11 +96,17 @@ def _manifest(out: Path) -> Manifest:
 
 def test_slices_fill_a_folder_and_the_report_says_what_is_not_yet_run(tmp_path, capsys):
     out = tmp_path / "repro"
-    assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--only-runs", "bijection_transformer_seed0"]) == 0
+    seeds = ["bijection_transformer_seed0", "bijection_transformer_seed1"]
+    # The preset's two seeds as one run group (--group: on a CPU runs train alone by default).
+    assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--only-runs", *seeds, "--group"]) == 0
+    assert "[reproduce] scale tiny, claims: 2 runs (2 in 1 run group)" in capsys.readouterr().err
     manifest = _manifest(out)
-    assert [run.name for run in manifest.runs] == ["bijection_transformer_seed0"]
-    assert "bijection_mlp_seed0" in manifest.not_yet_run and len(manifest.planned) == len(manifest.not_yet_run) + 1
-    assert sorted(p.name for p in (out / "runs").iterdir() if p.name != "logs") == ["bijection_transformer_seed0"]
+    assert [run.name for run in manifest.runs] == seeds and manifest.command.endswith(" --group")
+    assert "bijection_mlp_seed0" in manifest.not_yet_run and len(manifest.planned) == len(manifest.not_yet_run) + 2
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.name != "logs") == seeds
+    for seed in seeds:
+        starts = json.loads((out / "runs" / seed / "provenance.json").read_text())["starts"]
+        assert [start["group"] for start in starts] == [{"size": 2, "runs": seeds}]
     # One model of the comparison group: its per-position analysis stands in for Table 1.
     assert (out / "analysis" / "bijection" / "length_generalization.json").is_file()
     report = (out / "report" / "report.md").read_text()
@@ -111,12 +117,12 @@ def test_slices_fill_a_folder_and_the_report_says_what_is_not_yet_run(tmp_path, 
 
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "analysis" / "bijection_transformer").glob("*.json")}
     assert main(["reproduce", "--scale", "tiny", "--out", str(out), "--resume", "--only-runs", "bijection_mlp_seed0"]) == 0
-    assert [run.name for run in _manifest(out).runs] == ["bijection_transformer_seed0", "bijection_mlp_seed0"]
+    assert [run.name for run in _manifest(out).runs] == [*seeds, "bijection_mlp_seed0"]
     # The comparison is made now, and the single model's curves it replaces are gone.
     assert (out / "analysis" / "bijection" / "model_comparison.json").is_file()
     assert not (out / "analysis" / "bijection" / "length_generalization.json").exists()
     compared = json.loads((out / "analysis" / "bijection" / "model_comparison.json").read_text())
-    assert sorted(Path(d).name for d in compared["run_dirs"]) == ["bijection_mlp_seed0", "bijection_transformer_seed0"]
+    assert sorted(Path(d).name for d in compared["run_dirs"]) == ["bijection_mlp_seed0", *seeds]
     # The transformer's own group did not change: its results were kept, not recomputed.
     assert {p.name: p.stat().st_mtime_ns for p in (out / "analysis" / "bijection_transformer").glob("*.json")} == kept
     rows = {line.split(" | ")[0].lstrip("| "): line for line in (out / "report" / "report.md").read_text().splitlines()

@@ -170,6 +170,10 @@ def _add_reproduce(commands: argparse._SubParsersAction) -> None:
     reproduce.add_argument("--out", default="reproduction", metavar="DIR", help="output directory (default ./reproduction)")
     reproduce.add_argument("--resume", action="store_true", help="continue the reproduction in DIR, reusing what is done")
     reproduce.add_argument("--jobs", type=_positive_int, help="runs trained side by side (default: 2 on CPU scales, 1 for paper)")
+    grouping = reproduce.add_mutually_exclusive_group()
+    grouping.add_argument("--group", dest="group", action="store_true", default=None,
+                          help="train the runs that can stack as run groups, one stacked model each (default on a GPU)")
+    grouping.add_argument("--no-group", dest="group", action="store_false", help="train every run alone (default on a CPU)")
     reproduce.add_argument(
         "--nproc-per-run", type=_positive_int, default=1, metavar="N", help="train each run with DDP over N processes (one per GPU)"
     )

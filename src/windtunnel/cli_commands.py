@@ -30,7 +30,7 @@ from windtunnel.run_config import RunConfig, load_run_config
 from windtunnel.run_files import check_run_files
 from windtunnel.runs import evaluate_run, format_table, prepare_new_run, prepare_resume
 from windtunnel.training.checkpoint import read_resume_step
-from windtunnel.training.distributed import pick_device
+from windtunnel.training.group import groups_by_default
 from windtunnel.training.tracking import check_installed
 from windtunnel.training.trainer import train
 from windtunnel.tunnels import make_tunnel
@@ -170,7 +170,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         index = reproduce(
             args.scale, Path(args.out), only=args.only, resume=args.resume, parallel=args.jobs, nproc_per_run=args.nproc_per_run,
             engine=args.engine, address=args.address, only_runs=tuple(args.only_runs), time_limit_s=args.time_limit,
-            overrides=tuple(args.overrides),
+            overrides=tuple(args.overrides), group=args.group,
         )
     print(json.dumps({"report": str(index), "markdown": str(index.with_name("report.md"))}))
 
@@ -206,13 +206,13 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 def _groups_seeds(asked: bool | None, config: RunConfig, seeds: int) -> bool:
     """Whether a sweep trains its seeds as one run group: as asked (``--group`` refused for a
-    family that cannot stack), else where it pays: on a GPU, for a family that stacks."""
+    family that cannot stack), else where it pays (``groups_by_default``)."""
     family = model_class(config.model_kind)
     if asked and family.not_stackable:
         raise ConfigError(f"--group: runs of the {family.kind} family cannot train as one group ({family.not_stackable})")
     if asked is not None:
         return asked and seeds > 1
-    return seeds > 1 and family.not_stackable is None and pick_device(config.train.device).type == "cuda"
+    return seeds > 1 and groups_by_default(config)
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:

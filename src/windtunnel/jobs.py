@@ -47,7 +47,7 @@ from windtunnel.training.checkpoint import list_snapshots, read_final_weights_st
 from windtunnel.training.trainer import TrainingInterrupted
 
 __all__ = [
-    "Engine", "GroupJob", "Job", "JobFailed", "LocalEngine", "TrainJob", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
+    "Engine", "GroupJob", "Job", "JobFailed", "LocalEngine", "TrainJob", "group_jobs", "exit_error", "job_state", "run_jobs", "status_line", "stop_signals", "threads_per_run", "train_command",
     "unfinished", "worker_env",
 ]
 
@@ -141,6 +141,42 @@ class GroupJob:
 
 
 Job = TrainJob | GroupJob
+
+
+def group_jobs(jobs: Sequence[TrainJob], wanted: Callable[[RunConfig], bool]) -> list[Job]:
+    """``jobs`` with the runs that can train as one run group (one runs folder, one family that
+    stacks, the same shapes and settings but the seed and the tunnel's variant:
+    :func:`windtunnel.training.group.group_key`) and for which ``wanted(config)`` says so
+    joined into :class:`GroupJob` s, each where its first member was; the others as they are.
+    A group's expected time is its members' summed (an upper bound: what they take alone)."""
+    from windtunnel.models.build import model_class
+    from windtunnel.training.group import group_key
+
+    keyed: dict[tuple, list[TrainJob]] = {}
+    order: list[tuple | TrainJob] = []
+    for job in jobs:
+        config = job.resolved()
+        if model_class(config.model_kind).not_stackable is not None or not wanted(config):
+            order.append(job)
+            continue
+        key = (job.runs_folder, group_key(config))
+        if key not in keyed:
+            keyed[key] = []
+            order.append(key)
+        keyed[key].append(job)
+    grouped: list[Job] = []
+    for entry in order:
+        if isinstance(entry, TrainJob):
+            grouped.append(entry)
+            continue
+        members = keyed[entry]
+        if len(members) == 1:
+            grouped.append(members[0])
+            continue
+        expected = [m.expected_s for m in members]
+        grouped.append(GroupJob(f"{members[0].name}+{len(members) - 1}", tuple(members),
+                                expected_s=None if None in expected else sum(expected)))
+    return grouped
 
 
 def job_state(job: Job) -> State:

@@ -37,11 +37,12 @@ from typing import Any
 
 from windtunnel.config import ConfigError
 from windtunnel.files import atomic_write_text, has_content, portable_path
-from windtunnel.jobs import Engine, TrainJob, job_state, threads_per_run
+from windtunnel.jobs import Engine, GroupJob, TrainJob, group_jobs, job_state, threads_per_run
 from windtunnel.progress import AnalysesProgress
 from windtunnel.run_files import check_run_files
 from windtunnel.run_layout import ANALYSIS_DIR, CONFIG_FILE, INIT_DIR, MANIFEST_FILE, RUNS_DIR
 from windtunnel.runs import keep_final_weights
+from windtunnel.training.group import groups_by_default
 from windtunnel.ray_engine import check_engine, open_engine
 from windtunnel.report.build import build_report
 from windtunnel.report.folder import (
@@ -234,6 +235,7 @@ def reproduce(
     only_runs: Sequence[str] = (),
     time_limit_s: float = 0.0,
     overrides: Sequence[str] = (),
+    group: bool | None = None,
 ) -> Path:
     """Train, analyze and report at ``scale_name`` into ``out``; returns the report's index.html.
 
@@ -252,6 +254,8 @@ def reproduce(
     a run that reaches it ends there, and the report says so. At a scale that keeps final
     weights only (``paper``), each run is reduced to its final weights once analyzed.
     ``overrides`` (``--set``) change every run's config (trials: a dry run at a tiny size).
+    ``group``: train the runs of the plan that can stack as run groups (:func:`~windtunnel.jobs.group_jobs`;
+    None: where that pays, on a GPU), or each alone (False).
     """
     study, scale = _study_and_scale(only, scale_name)
     out = Path(out)
@@ -270,6 +274,7 @@ def reproduce(
     if only_runs:
         command += f" --only-runs {' '.join(only_runs)}"
     command += "".join(f" --set {override}" for override in overrides)
+    command += {True: " --group", False: " --no-group", None: ""}[group]
     folder = _Folder(
         out, study, scale, command,
         runs=tuple(_manifest_run(job, out) for job in present),  # every config valid before anything starts
@@ -279,7 +284,7 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     lanes = parallel or min(scale.parallel, os.cpu_count() or 1)
     with _training_engine(engine, address, jobs) as training_engine:
-        _train(folder, jobs, len(groups), training_engine, lanes, nproc_per_run, time_limit_s, report, say)
+        _train(folder, jobs, len(groups), training_engine, lanes, nproc_per_run, time_limit_s, report, say, group)
     _analyze(folder, groups, say)
     if scale.keep_final_weights_only:
         for job in present:
@@ -349,9 +354,10 @@ def _train(
     time_limit_s: float,
     report: Callable[[str], None] | None,
     say: Callable[[str], None],
+    group: bool | None,
 ) -> None:
     """Stage 1: the ETA (projected from a warm-up on this device where the scale asks), then
-    every run not yet done, ``lanes`` at a time."""
+    every run not yet done, ``lanes`` at a time (a run group counts as one)."""
     scale = folder.scale
     folder.save("train")
     if scale.warmup_steps and not time_limit_s:  # the projection from a measurement on this device, before anything trains
@@ -359,9 +365,11 @@ def _train(
         jobs = project_from_warmup(jobs, scale.warmup_steps, threads_per_run(lanes, nproc_per_run), say, measure)
     if time_limit_s:
         jobs = [dataclasses.replace(job, expected_s=min(job.expected_s or time_limit_s, time_limit_s)) for job in jobs]
+    if group is not False:
+        jobs = group_jobs(jobs, (lambda config: True) if group else groups_by_default)
     remaining = sum(job.expected_s or 0.0 for job in jobs if job_state(job) != "done")
     say(
-        f"[reproduce] scale {scale.name}, {folder.study.name}: {len(jobs)} runs, {n_groups} analysis groups; expects {scale.hardware}"
+        f"[reproduce] scale {scale.name}, {folder.study.name}: {_count_runs(jobs)}, {n_groups} analysis groups; expects {scale.hardware}"
         + (f"; training ETA ~{remaining / lanes / 60:.0f} min" if remaining else "")
     )
     say("[reproduce] stage 1/3: training")
@@ -370,6 +378,16 @@ def _train(
         engine.run_jobs(jobs, parallel=lanes, nproc_per_run=nproc_per_run, report=report)
     finally:
         folder.save("train")  # an interrupted reproduction still counts the time it trained
+
+
+def _count_runs(jobs: Sequence[TrainJob | GroupJob]) -> str:
+    """``"9 runs"``, or ``"9 runs (5 in 1 run group)"`` where some train as groups."""
+    groups = [job for job in jobs if isinstance(job, GroupJob)]
+    runs = sum(len(job.members) if isinstance(job, GroupJob) else 1 for job in jobs)
+    if not groups:
+        return f"{runs} runs"
+    grouped = sum(len(job.members) for job in groups)
+    return f"{runs} runs ({grouped} in {len(groups)} run group{'s' if len(groups) > 1 else ''})"
 
 
 def _analyze(folder: _Folder, groups: Sequence[tuple[AnalysisGroup, list[Path]]], say: Callable[[str], None]) -> None:

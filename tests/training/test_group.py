@@ -249,7 +249,7 @@ def test_sweep_trains_the_seeds_as_one_group_when_asked_and_alone_by_default_on_
     cpu = load_run_config(config, ["train.device=cpu"])
     assert (_groups_seeds(None, cpu, 2), _groups_seeds(True, cpu, 2), _groups_seeds(False, cpu, 2), _groups_seeds(True, cpu, 1)) == (
         False, True, False, False)
-    monkeypatch.setattr("windtunnel.cli_commands.pick_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr("windtunnel.training.group.pick_device", lambda device: torch.device("cuda"))
     assert (_groups_seeds(None, cpu, 2), _groups_seeds(None, cpu, 1)) == (True, False)
     lstm = Path(__file__).parents[2] / "configs" / "cpu" / "hmm_lstm.toml"
     assert main(["sweep", str(lstm), "--seeds", "2", "--out", str(tmp_path / "lstm"), "--group"]) == 2
@@ -294,3 +294,27 @@ def test_a_compiled_group_follows_the_plain_group_within_rounding(tmp_path, whol
     train_group(configs, compiled, progress=False)
     for plain, fused in zip(dirs, compiled):
         assert torch.allclose(torch.tensor(_losses(fused)), torch.tensor(_losses(plain)), rtol=LOSS_RTOL, atol=0)
+
+
+def test_a_plan_groups_the_runs_that_stack_and_leaves_the_others_alone(tmp_path):
+    from windtunnel.jobs import GroupJob, group_jobs
+    from windtunnel.reproduce import plan_runs
+    from windtunnel.studies import SCALES
+
+    jobs = plan_runs(SCALES["paper"], tmp_path)
+    grouped = group_jobs(jobs, lambda config: True)
+    groups = {job.name: [m.name for m in job.members] for job in grouped if isinstance(job, GroupJob)}
+    # The seeds of a preset stack with its twins on the authors' task variants (at the paper's
+    # scale one vocabulary and one length: the HMM's floored twin on the paper's grid, the
+    # bijection with replacement): the 16 runs in 5 jobs. Every run is in exactly one job.
+    assert groups == {
+        "bijection_transformer_seed0+3": [*(f"bijection_transformer_seed{s}" for s in range(3)), "bijection_replacement_transformer_seed0"],
+        "bijection_mlp_seed0+1": ["bijection_mlp_seed0", "bijection_replacement_mlp_seed0"],
+        "hmm_transformer_seed0+5": [*(f"hmm_transformer_seed{s}" for s in range(5)), "hmm_transformer_floor_seed0"],
+        "hmm_mlp_seed0+1": ["hmm_mlp_seed0", "hmm_mlp_floor_seed0"],
+        "hmm_late_attention_off_seed0+1": ["hmm_late_attention_off_seed0", "hmm_late_attention_off_floor_seed0"],
+    }
+    assert len(grouped) == 5
+    names = [m.name for job in grouped for m in (job.members if isinstance(job, GroupJob) else (job,))]
+    assert sorted(names) == sorted(job.name for job in jobs)
+    assert group_jobs(jobs, lambda config: False) == jobs  # nobody wants groups: every run alone

@@ -69,7 +69,7 @@ from windtunnel.training.trainer import (
 from windtunnel.tunnels import Episode
 from windtunnel.tunnels.capabilities import value_dim_of
 
-__all__ = ["GroupMember", "group_key", "train_group"]
+__all__ = ["GroupMember", "check_groupable", "group_key", "groups_by_default", "train_group", "train_members"]
 
 #: What a run's outcome in a group is: its result, or the divergence that ended it alone.
 GroupMember = TrainResult | TrainingDiverged
@@ -96,6 +96,13 @@ def check_groupable(configs: Sequence[RunConfig]) -> None:
         for part, a, b in zip(parts, first, group_key(config)):
             if a != b:
                 raise ConfigError(f"runs of one group must share {part}; these differ: {a!r} and {b!r}")
+
+
+def groups_by_default(config: RunConfig) -> bool:
+    """Whether runs of ``config`` train as groups when nobody asked: where it pays, on a GPU
+    (a step there is bound by kernel launches, which a group shares), for a family that stacks.
+    On a CPU the step is bound by arithmetic (docs/benchmarks.md measures both)."""
+    return model_class(config.model_kind).not_stackable is None and pick_device(config.train.device).type == "cuda"
 
 
 def train_group(
