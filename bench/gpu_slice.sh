@@ -9,11 +9,14 @@
 #    bf16 step of a one-layer paper model runs on it; anything wrong stops the window here.
 # 2. Where the step's time goes (bench/profile_step.py, ~1 min): kept until the step is fast
 #    enough for a paper HMM run in one command. PROFILE=0 skips it.
+#    Then, the first time on a GPU, the run-group step's cost (bench/step.py --groups 1 3 5,
+#    ~2 min, into results/paper/bench/step_groups_<GPU>.json).
 # 3. The slice: `windtunnel reproduce --scale paper --only-runs $RUNS --time-limit $TRAIN_S
 #    --out results/paper --resume` (TRAIN_S: what BUDGET_S leaves), trained on the device (the presets compile and train in
 #    bf16), every analysis of the groups it joins computed on the device over every run of
 #    the group present (at initialization too), each run reduced to its final float32 weights
-#    in shards of at most 15 MiB, the report rebuilt. RUNS defaults to the first run of
+#    in shards of at most 15 MiB, the report rebuilt. RUNS defaults to the owed runs of the run
+#    group (one stacked model, --group) of the first run of
 #    PRIORITY that results/paper does not hold. A run stopped by TRAIN_S says so everywhere.
 # 4. bench/step.py's CUDA figures, when results/paper/bench/ has none for this GPU yet.
 # 5. Packing: results/paper's new and changed files, and the list of every file it holds,
@@ -38,6 +41,7 @@ BUDGET_S=${BUDGET_S:-540}
 ANALYSIS_S=${ANALYSIS_S:-200}
 PROFILE=${PROFILE:-1}
 STEP_BENCH_S=${STEP_BENCH_S:-90}
+GROUP_BENCH_S=${GROUP_BENCH_S:-150}
 PY=${PY:-python3}
 export PYTHONPATH="$PWD/src:$PWD/bench:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export WINDTUNNEL_COMMIT=${WINDTUNNEL_COMMIT:-unknown}
@@ -85,11 +89,39 @@ if [ "$PROFILE" = 1 ]; then
     head -c 600 "$OUT/profile_bijection.json"; echo
 fi
 
+# 2b. The run-group step's cost on this GPU, first, while results/paper/bench/ lacks it:
+#     bench/step.py --groups 1 3 5 on the paper HMM transformer (plain float32, and the
+#     presets' compiled bf16 step alone), dispatched ops per step included.
+if [ "$DEVICE" = cuda ]; then
+    gpu=$($PY -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
+    if [ ! -f "$RESULTS/bench/step_groups_$gpu.json" ]; then
+        mkdir -p "$RESULTS/bench"
+        timeout "$GROUP_BENCH_S" $PY bench/step.py --devices cuda --steps 30 --presets hmm_transformer --variants plain compile_bf16 \
+            --groups 1 3 5 >"$work/step_groups.json" 2>"$work/step_groups.log" \
+            && cp "$work/step_groups.json" "$RESULTS/bench/step_groups_$gpu.json"
+        echo "bench/step.py --groups rc=$?"; tail -c 1500 "$work/step_groups.json"; tail -5 "$work/step_groups.log"
+    fi
+fi
+
 # 3. The slice.
 if [ -z "${RUNS:-}" ]; then
-    for name in $PRIORITY; do
-        if [ ! -f "$RESULTS/runs/$name/config.json" ]; then RUNS=$name; break; fi
-    done
+    # The first run of PRIORITY the folder lacks, with the runs of the plan that train in one
+    # run group with it (windtunnel.jobs.group_jobs) and are owed too.
+    RUNS=$($PY - "$RESULTS" $PRIORITY <<'EOF'
+import sys
+from pathlib import Path
+from windtunnel.jobs import GroupJob, group_jobs
+from windtunnel.reproduce import plan_runs
+from windtunnel.studies import SCALES
+results, priority = Path(sys.argv[1]), sys.argv[2:]
+owed = lambda name: not (results / "runs" / name / "config.json").is_file()
+first = next((name for name in priority if owed(name)), None)
+if first is not None:
+    jobs = group_jobs(plan_runs(SCALES["paper"], results), lambda config: True)
+    names = [[m.name for m in job.members] if isinstance(job, GroupJob) else [job.name] for job in jobs]
+    print(" ".join(name for name in next(n for n in names if first in n) if owed(name)))
+EOF
+)
 fi
 [ -n "${RUNS:-}" ] || { echo "every run of PRIORITY is in $RESULTS: nothing owed"; exit 0; }
 elapsed=$(( $(date +%s) - started ))
@@ -103,7 +135,7 @@ resume=(); [ -f "$RESULTS/reproduce.json" ] && resume=(--resume)
 t0=$(date +%s)
 # Stopped before the budget runs out, so that packing always happens; a run whose analyses
 # did not finish still keeps its final weights (the next slice of its group computes them).
-timeout $(( BUDGET_S - (t0 - started) - 20 )) $PY -m windtunnel reproduce --scale paper --only-runs $RUNS \
+timeout $(( BUDGET_S - (t0 - started) - 20 )) $PY -m windtunnel reproduce --scale paper --only-runs $RUNS --group \
     --time-limit "$TRAIN_S" --out "$RESULTS" "${resume[@]}" "${SETS[@]}" >"$work/reproduce.json" 2>"$work/reproduce.log"
 rc=$?
 echo "reproduce rc=$rc in $(( $(date +%s) - t0 ))s"; grep -v "^\[train\] " "$work/reproduce.log" | tail -15

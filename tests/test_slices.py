@@ -156,6 +156,12 @@ def test_the_gpu_window_script_runs_dry_and_its_parts_unpack_to_the_same_folder(
     kept = results / "runs" / "bijection_transformer_seed0"
     assert (kept / "weights" / "model.safetensors.index.json").is_file() and not (kept / RESUME_FILE).exists()
     assert json.loads((kept / "provenance.json").read_text())["starts"][-1]["precision"] == "bf16 autocast, float32 weights"
+    # The slice is the first owed run's run group: the bijection transformer's seeds and its with-replacement twin.
+    group = ["bijection_transformer_seed0", "bijection_transformer_seed1", "bijection_transformer_seed2",
+             "bijection_replacement_transformer_seed0"]
+    assert sorted(p.name for p in (results / "runs").iterdir() if p.name != "logs") == sorted(group)
+    for name in group:
+        assert json.loads((results / "runs" / name / "provenance.json").read_text())["starts"][-1]["group"] == {"size": 4, "runs": group}
     parts = sorted((tmp_path / "out").glob("results.tar.part*"))
     assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
     profile = json.loads((tmp_path / "out" / "profile_bijection.json").read_text())
