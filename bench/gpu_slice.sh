@@ -104,29 +104,14 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 # 3. The slice.
-if [ -z "${RUNS:-}" ]; then
-    # The first run of PRIORITY the folder lacks, with the runs of the plan that train in one
-    # run group with it (windtunnel.jobs.group_jobs) and are owed too.
-    RUNS=$($PY - "$RESULTS" $PRIORITY <<'EOF'
-import sys
-from pathlib import Path
-from windtunnel.jobs import GroupJob, group_jobs
-from windtunnel.reproduce import plan_runs
-from windtunnel.studies import SCALES
-results, priority = Path(sys.argv[1]), sys.argv[2:]
-owed = lambda name: not (results / "runs" / name / "config.json").is_file()
-first = next((name for name in priority if owed(name)), None)
-if first is not None:
-    jobs = group_jobs(plan_runs(SCALES["paper"], results), lambda config: True)
-    names = [[m.name for m in job.members] if isinstance(job, GroupJob) else [job.name] for job in jobs]
-    print(" ".join(name for name in next(n for n in names if first in n) if owed(name)))
-EOF
-)
-fi
-[ -n "${RUNS:-}" ] || { echo "every run of PRIORITY is in $RESULTS: nothing owed"; exit 0; }
 elapsed=$(( $(date +%s) - started ))
 TRAIN_S=${TRAIN_S:-$(( BUDGET_S - elapsed - ANALYSIS_S ))}
 [ "$TRAIN_S" -ge 60 ] || { echo "only ${TRAIN_S}s left to train: no slice this window"; exit 4; }
+if [ -z "${RUNS:-}" ]; then
+    # The owed runs of the first owed run's run group that can finish in TRAIN_S (by this GPU's group bench, once measured).
+    RUNS=$($PY bench/owed_group.py "$RESULTS" "$TRAIN_S" $PRIORITY --bench "$RESULTS/bench/step_groups_${gpu:-none}.json")
+fi
+[ -n "${RUNS:-}" ] || { echo "no owed run of PRIORITY can finish in ${TRAIN_S}s here (or none is owed): nothing to train"; exit 0; }
 echo "slice: $RUNS (time limit ${TRAIN_S}s per run)"
 mkdir -p "$RESULTS"
 touch "$work/started"
