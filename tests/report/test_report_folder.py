@@ -4,6 +4,7 @@ line that names the file and the key when it is damaged."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,34 @@ def test_a_file_that_is_not_json_names_itself(tmp_path):
     with pytest.raises(ReportError) as error:
         read_json(path)
     assert str(error.value).startswith(f"{str(path)!r} is not valid JSON: ")
+
+
+def test_a_run_without_its_config_says_it_never_started():
+    from windtunnel.report.folder import SavedConfig
+
+    with pytest.raises(ReportError) as error:
+        SavedConfig.read(Path("/nowhere/runs/a"))
+    assert str(error.value) == ("run directory '/nowhere/runs/a' has no config.json: the run never started "
+                                "(finish the reproduction with `windtunnel reproduce --resume`)")
+
+
+@pytest.mark.parametrize("section, key, damage", [
+    (None, "model", None),  # a section missing
+    ("tunnel", "name", 3),  # a value of the wrong type
+    ("model", "kind", None),
+    ("train", "steps", "300"),
+    ("train", "batch_size", True),  # JSON's true is no number here
+])
+def test_a_damaged_run_config_names_the_file_and_the_key(tmp_path, section, key, damage):
+    from windtunnel.report.folder import SavedConfig
+
+    config = {"tunnel": {"name": "hmm"}, "model": {"kind": "transformer"}, "train": {"steps": 300, "batch_size": 32}, "eval": {}}
+    target = config if section is None else config[section]
+    if damage is None:
+        del target[key]
+    else:
+        target[key] = damage
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ReportError) as error:
+        SavedConfig.read(tmp_path)
+    assert str(error.value) == f"{str(tmp_path / 'config.json')!r} has no valid {key!r} (damaged, or written by an older windtunnel)"

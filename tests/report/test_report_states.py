@@ -132,3 +132,12 @@ def test_a_planned_run_not_in_the_folder_is_listed_as_not_yet_run_and_a_trained_
     assert NOT_YET_RUN not in trained
     assert trained[1:4] == ["transformer", 300, 32] and trained[5] == 0.0123  # its config and its last evaluation
     assert f"{len(MISSING)} of the 3 planned runs are {NOT_YET_RUN}" in summary
+
+
+def test_a_run_that_logged_nothing_has_no_train_minutes_rather_than_zero(tmp_path):
+    out = _folder(tmp_path, [PRESENT])
+    (out / "runs" / PRESENT / METRICS_FILE).write_text(json.dumps({"step": 5, "loss": 1.0, "elapsed_s": 90.0}) + "\n")
+    assert _tables(out).runs[PRESENT][4] == 1.5  # 90 s of its own clock
+    (out / "runs" / PRESENT / METRICS_FILE).unlink()  # started, killed before its first log line
+    trained = _tables(out).runs[PRESENT]
+    assert trained[4] is None and trained[5] is None  # no minutes and no evaluation: unknown, not 0
