@@ -276,3 +276,37 @@ def test_the_size_figure_plots_every_seed_and_its_median_against_the_size(tmp_pa
         assert lines == expected, field
         assert ax.get_yscale() == ("log" if field == "final_mae_bits" else "linear")
         assert list(ax.get_xticks()) == [1, 2, 3, 4] and ax.get_xlabel() == "S"
+
+
+def test_the_tables_write_steps_whole_read_a_later_shift_and_leave_out_what_is_missing(tmp_path):
+    """Steps in the thousands written whole (not in three significant digits) in the grid and
+    knob tables; a shift whose interval lies above zero reads "later"; a grid point not analyzed
+    is its own row and the others follow it; no knob table without an analyzed centre or without knobs."""
+    import dataclasses
+
+    def big(seed: int, exit_step: int) -> PhaseRun:
+        return dataclasses.replace(_run(seed, exit_step, frame_step=1500 + seed), learning_step=1234 + seed)
+
+    results = _results([100] * 5)
+    results["hmm_L2_d48_S3"] = {"training_phases": _result(2, 48, 3, [big(s, 2000 + 1000 * s) for s in range(5)])}
+    results["hmm_L2_d48_S3_lr"] = {"training_phases": _result(2, 48, 3, [big(s, 6001) for s in range(5)])}  # above every centre exit
+    results["hmm_L1_d48_S3"] = {}  # trained, not analyzed: first in the table's order
+    tables = phases_sections(results, tmp_path / "a", tmp_path / "f")[0].tables
+    grid, knobs = tables[0], next(t for t in tables if t.columns[0].startswith("knob"))
+    rows = {(row[0], row[1], row[2]): row for row in grid.rows}
+    assert rows[(1, 48, 3)] == [1, 48, 3, None, "not analyzed", None, None, None, None, None]
+    assert len(grid.rows) == 4 and grid.rows[0][:3] == [1, 48, 3]  # every other point still listed
+    centre = rows[(2, 48, 3)]
+    assert (centre[3], centre[5], centre[6]) == ("1236 [1234, 1238]", "4000 [2000, 6000]", "1502 [1500, 1504]")
+    assert knobs.rows[0][2] == "4000 [2000, 6000]" and knobs.rows[0][5] == "1236 [1234, 1238]"
+    assert knobs.rows[1][2] == "6001 [6001, 6001]" and knobs.rows[1][4] == "later"
+    # The smallest shift that is later: every changed exit one step after every centre exit.
+    results["hmm_L2_d48_S3"] = {"training_phases": _result(2, 48, 3, [big(s, 6000) for s in range(5)])}
+    knobs = next(t for t in phases_sections(results, tmp_path / "b", tmp_path / "g")[0].tables if t.columns[0].startswith("knob"))
+    assert knobs.rows[1][3] == "+1 [+1, +1]" and knobs.rows[1][4] == "later"
+    # No analyzed centre, or no knob: no knob table.
+    del results["hmm_L2_d48_S3"]["training_phases"]
+    assert not any(t.columns[0].startswith("knob") for t in phases_sections(results, tmp_path / "c", tmp_path / "h")[0].tables)
+    results = _results([100] * 5)
+    del results["hmm_L2_d48_S3_lr"]
+    assert not any(t.columns[0].startswith("knob") for t in phases_sections(results, tmp_path / "d", tmp_path / "i")[0].tables)

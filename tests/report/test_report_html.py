@@ -375,6 +375,8 @@ def test_a_run_stopped_by_its_time_limit_says_how_far_it_got_and_where_it_traine
     assert _trained_on_cell(tmp_path) == "NVIDIA H200, bf16, 62.1 steps/s, torch 2.13.0"
     append_start(tmp_path, {"device_name": "AMD EPYC"})  # the last start is the one shown; unknowns read "?"
     assert _trained_on_cell(tmp_path) == "AMD EPYC, ?, torch ?"
+    append_start(tmp_path, {"precision": "float32", "torch": "2.13.0"})
+    assert _trained_on_cell(tmp_path) == "?, float32, torch 2.13.0"
 
 
 def test_a_verdict_cell_is_mixed_exactly_when_its_seeds_disagree():
