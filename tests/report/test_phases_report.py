@@ -299,7 +299,15 @@ def test_the_tables_write_steps_whole_read_a_later_shift_and_leave_out_what_is_m
     centre = rows[(2, 48, 3)]
     assert (centre[3], centre[5], centre[6]) == ("1236 [1234, 1238]", "4000 [2000, 6000]", "1502 [1500, 1504]")
     assert knobs.rows[0][2] == "4000 [2000, 6000]" and knobs.rows[0][5] == "1236 [1234, 1238]"
-    assert knobs.rows[1][2] == "6001 [6001, 6001]" and knobs.rows[1][4] == "later"
+    assert knobs.rows[1][2] == "6001 [6001, 6001]" and knobs.rows[1][4] == "later" and knobs.rows[1][5] == "1236 [1234, 1238]"
+    # A knob trained but not analyzed, before one that is: its own row, and the next still read.
+    ordered = {name: value for name, value in results.items() if name != "hmm_L2_d48_S3_lr"}
+    ordered["hmm_L2_d48_S3_batch"] = {}
+    ordered["hmm_L2_d48_S3_lr"] = results["hmm_L2_d48_S3_lr"]
+    knobs = next(t for t in phases_sections(ordered, tmp_path / "e", tmp_path / "j")[0].tables if t.columns[0].startswith("knob"))
+    assert [row[1:] for row in knobs.rows[1:]] == [["not analyzed", None, None, None, None, None, None],
+                                                   ["5/5", "6001 [6001, 6001]", knobs.rows[2][3], "later", "1236 [1234, 1238]",
+                                                    knobs.rows[2][6], "no shift beyond the interval"]]
     # The smallest shift that is later: every changed exit one step after every centre exit.
     results["hmm_L2_d48_S3"] = {"training_phases": _result(2, 48, 3, [big(s, 6000) for s in range(5)])}
     knobs = next(t for t in phases_sections(results, tmp_path / "b", tmp_path / "g")[0].tables if t.columns[0].startswith("knob"))
