@@ -312,6 +312,11 @@ def test_the_tables_write_steps_whole_read_a_later_shift_and_leave_out_what_is_m
     results["hmm_L2_d48_S3"] = {"training_phases": _result(2, 48, 3, [big(s, 6000) for s in range(5)])}
     knobs = next(t for t in phases_sections(results, tmp_path / "b", tmp_path / "g")[0].tables if t.columns[0].startswith("knob"))
     assert knobs.rows[1][3] == "+1 [+1, +1]" and knobs.rows[1][4] == "later"
+    # A knob whose seeds have no learning step: nothing to compare, said in words.
+    results["hmm_L2_d48_S3_lr"] = {"training_phases": _result(2, 48, 3, [dataclasses.replace(big(s, 6001), learning_step=None)
+                                                                         for s in range(5)])}
+    knobs = next(t for t in phases_sections(results, tmp_path / "k", tmp_path / "l")[0].tables if t.columns[0].startswith("knob"))
+    assert knobs.rows[1][5:] == [None, None, "too few learning steps to compare"]
     # No analyzed centre, or no knob: no knob table.
     del results["hmm_L2_d48_S3"]["training_phases"]
     assert not any(t.columns[0].startswith("knob") for t in phases_sections(results, tmp_path / "c", tmp_path / "h")[0].tables)
