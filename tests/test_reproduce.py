@@ -585,7 +585,7 @@ def test_a_time_limit_caps_each_runs_expected_time_and_the_eta_counts_the_runs_n
     jobs = [_job("long", 500.0, tmp_path), _job("short", 60.0, tmp_path), _job("unknown", None, tmp_path),
             _job("done", 1000.0, tmp_path)]
     engine, lines = _RecordingEngine(), []
-    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 3, engine, 2, 1, 150.0, None, lines.append)
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 3, engine, 2, 1, 150.0, None, lines.append, group=False)  # the budget, not the grouping: these jobs name no config file
     [(trained, kwargs)] = engine.calls
     assert [job.name for job in trained] == ["long", "short", "unknown", "done"]
     assert [job.expected_s for job in trained] == [150.0, 60.0, 150.0, 150.0]
@@ -617,7 +617,7 @@ def test_without_a_time_limit_the_expected_times_stand_and_a_scale_with_a_warmup
 
     jobs = [_job("long", 600.0, tmp_path), _job("short", 120.0, tmp_path)]
     engine, lines = Engine(), []
-    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 1, engine, 2, 1, 0.0, None, lines.append)
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=4), jobs, 1, engine, 2, 1, 0.0, None, lines.append, group=False)
     assert warmups == [(4, threads_per_run(2, 1))]
     [(trained, _)] = engine.calls
     assert [job.expected_s for job in trained] == [600.0, 120.0]
@@ -625,7 +625,7 @@ def test_without_a_time_limit_the_expected_times_stand_and_a_scale_with_a_warmup
     assert lines[0].endswith("; training ETA ~6 min")
     # And a scale without a warm-up times none.
     warmups.clear()
-    reproduce_module._train(_folder_at(tmp_path, warmup_steps=0), jobs, 1, Engine(), 2, 1, 0.0, None, lines.append)
+    reproduce_module._train(_folder_at(tmp_path, warmup_steps=0), jobs, 1, Engine(), 2, 1, 0.0, None, lines.append, group=False)
     assert warmups == []
 
 

@@ -271,13 +271,20 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # make test runs the tools' tests without mutmut
+        return "not installed"
+
+
 def provenance(command: str) -> dict[str, str]:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     return {
         "command": command,
         "processor": _processor(),
         "commit": commit or "unknown",
-        "mutmut": importlib.metadata.version("mutmut"),
+        "mutmut": _version("mutmut"),
         "date": datetime.date.today().isoformat(),
     }
 

@@ -20,7 +20,7 @@ import torch
 from windtunnel import __version__, cli_commands
 from windtunnel.analysis.runner import ANALYSES
 from windtunnel.config import ConfigError
-from windtunnel.exit_codes import EXIT_INTERRUPTED
+from windtunnel.exit_codes import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED
 from windtunnel.export import FORMATS
 from windtunnel.files import DirectoryInUse
 from windtunnel.jobs import JobFailed
@@ -30,8 +30,6 @@ from windtunnel.training.checkpoint import CheckpointError
 from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted
 from windtunnel.tunnels import TUNNELS
 
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGED = 3
 
 
 class _Parser(argparse.ArgumentParser):

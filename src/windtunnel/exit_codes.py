@@ -6,4 +6,5 @@ the second from their workers to tell a run stopped from outside from one that f
 """
 
 EXIT_BAD_INPUT = 2  # argparse's own status for a usage error
+EXIT_DIVERGED = 3  # the loss became NaN or infinite (the last checkpoint kept)
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT

@@ -219,7 +219,7 @@ def train_command(job: TrainJob, state: State, nproc_per_run: int = 1) -> list[s
     resume it) holds no path of this machine."""
     if isinstance(job, GroupJob):  # one worker trains the group (or each member alone, where resume needs it)
         members = [{"config": str(m.config.absolute()), "run_dir": m.run_dir.name, "overrides": list(m.overrides)} for m in job.members]
-        return [sys.executable, "-m", "windtunnel.training.group", json.dumps(members)]
+        return [sys.executable, "-m", "windtunnel.group_worker", json.dumps(members)]
     base = [sys.executable, "-m", "windtunnel", "train", "--quiet"]
     if nproc_per_run > 1:  # one DDP run over several processes (GPUs), through PyTorch's own launcher
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_run}", "-m"]

@@ -354,7 +354,7 @@ def _train(
     time_limit_s: float,
     report: Callable[[str], None] | None,
     say: Callable[[str], None],
-    group: bool | None,
+    group: bool | None = None,
 ) -> None:
     """Stage 1: the ETA (projected from a warm-up on this device where the scale asks), then
     every run not yet done, ``lanes`` at a time (a run group counts as one)."""

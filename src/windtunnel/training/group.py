@@ -47,7 +47,6 @@ from windtunnel.memory import check_fits
 from windtunnel.models.build import model_class
 from windtunnel.progress import TrainingProgress
 from windtunnel.run_config import RunConfig
-from windtunnel.run_layout import CONFIG_FILE
 from windtunnel.training.checkpoint import read_resume_step
 from windtunnel.training.distributed import pick_device, setup_distributed
 from windtunnel.training.schedule import learning_rate
@@ -69,7 +68,7 @@ from windtunnel.training.trainer import (
 from windtunnel.tunnels import Episode
 from windtunnel.tunnels.capabilities import value_dim_of
 
-__all__ = ["GroupMember", "check_groupable", "group_key", "groups_by_default", "train_group", "train_members"]
+__all__ = ["GroupMember", "check_groupable", "group_key", "groups_by_default", "train_group"]
 
 #: What a run's outcome in a group is: its result, or the divergence that ended it alone.
 GroupMember = TrainResult | TrainingDiverged
@@ -390,71 +389,3 @@ class _GroupLoop:
             means.append(mean)
         return stop, out_of_time, torch.stack(list(reversed(means))) if means else loss_values
 
-
-def train_members(members: Sequence[tuple[Path, str, Sequence[str]]], *, progress: bool = False) -> list[GroupMember]:
-    """Train a group job's members, each given as (config file, run directory, overrides): as a
-    new group where none has started, as a resumed group where all saved a checkpoint of one
-    step, else each alone (a new one started, a started one resumed), as ``windtunnel train``
-    would. Holds every member's writer lock, as that command does."""
-    from contextlib import ExitStack
-
-    from windtunnel.cli_commands import _one_writer
-    from windtunnel.run_config import load_run_config
-    from windtunnel.runs import prepare_new_run, prepare_resume
-
-    started = [(Path(run_dir) / CONFIG_FILE).is_file() for _, run_dir, _ in members]
-    with ExitStack() as locks:
-        for _, run_dir, _ in members:
-            locks.enter_context(_one_writer(Path(run_dir), create=True))
-        if not any(started):
-            configs = [load_run_config(config, list(overrides)) for config, _, overrides in members]
-            for _, run_dir, _ in members:
-                prepare_new_run(Path(run_dir))
-            return train_group(configs, [run_dir for _, run_dir, _ in members], progress=progress)
-        if all(started):
-            configs = [prepare_resume(Path(run_dir)) for _, run_dir, _ in members]
-            return train_group(configs, [run_dir for _, run_dir, _ in members], resume=True, progress=progress)
-        outcomes: list[GroupMember] = []
-        for (config, run_dir, overrides), was_started in zip(members, started):
-            run_config = prepare_resume(Path(run_dir)) if was_started else load_run_config(config, list(overrides))
-            try:
-                outcomes.append(train(run_config, run_dir, resume=was_started, progress=progress))
-            except TrainingDiverged as error:
-                outcomes.append(error)
-        return outcomes
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The worker of a group job (``windtunnel.jobs.GroupJob``): ``python -m
-    windtunnel.training.group MEMBERS_JSON``, run in the members' runs folder. Exits as
-    ``windtunnel train`` does: 0, 2 for bad input, 3 when a member diverged (after the
-    others finished), 130 after a Ctrl-C (every member's state saved)."""
-    import json
-    import sys
-
-    from windtunnel.cli import EXIT_BAD_INPUT, EXIT_DIVERGED
-    from windtunnel.exit_codes import EXIT_INTERRUPTED
-    from windtunnel.files import DirectoryInUse
-    from windtunnel.training.checkpoint import CheckpointError
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        members = [(Path(m["config"]), Path(m["run_dir"]), tuple(m["overrides"])) for m in json.loads(args[0])]
-        outcomes = train_members(members)
-    except (ConfigError, CheckpointError, DirectoryInUse) as error:
-        print(f"windtunnel: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except TrainingInterrupted as error:
-        print(f"windtunnel: {error}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    diverged = [(run_dir, outcome) for (_, run_dir, _), outcome in zip(members, outcomes) if isinstance(outcome, TrainingDiverged)]
-    for run_dir, outcome in diverged:
-        print(f"windtunnel: error: {run_dir}: {outcome}", file=sys.stderr)
-    for (_, run_dir, _), outcome in zip(members, outcomes):
-        if isinstance(outcome, TrainResult):
-            print(json.dumps({"run_dir": str(run_dir), "steps": outcome.steps, **(outcome.final_eval or {})}))
-    return EXIT_DIVERGED if diverged else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
