@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -316,8 +316,14 @@ def _first_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
+    return run_command(lambda: args.run(args))
+
+
+def run_command(command: Callable[[], None]) -> int:
+    """Run ``command`` and return its exit status: bad input, a divergence, a failed worker or a
+    Ctrl-C each end in one line on stderr and their status (``windtunnel.exit_codes``)."""
     try:
-        args.run(args)
+        command()
     except (ConfigError, CheckpointError, DirectoryInUse) as error:
         print(f"windtunnel: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

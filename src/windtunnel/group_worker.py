@@ -14,15 +14,13 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from windtunnel.config import ConfigError
-from windtunnel.exit_codes import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED
-from windtunnel.files import DirectoryInUse, directory_lock
+from windtunnel.cli import run_command
+from windtunnel.files import directory_lock
 from windtunnel.run_config import load_run_config
 from windtunnel.run_layout import CONFIG_FILE
 from windtunnel.runs import prepare_new_run, prepare_resume
-from windtunnel.training.checkpoint import CheckpointError
 from windtunnel.training.group import GroupMember, train_group
-from windtunnel.training.trainer import TrainingDiverged, TrainingInterrupted, TrainResult, train
+from windtunnel.training.trainer import TrainingDiverged, TrainResult, train
 
 __all__ = ["main", "train_members"]
 
@@ -56,25 +54,22 @@ def train_members(members: Sequence[tuple[Path, Path, Sequence[str]]], *, progre
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exits as ``windtunnel train`` does: 0, 2 for bad input, 3 when a member diverged (after
-    the others finished), 130 after a Ctrl-C (every member's state saved)."""
+    """Exits as ``windtunnel train`` does (``windtunnel.cli.run_command``): 0, 2 for bad input,
+    3 when a member diverged (after the others finished), 130 after a Ctrl-C (every member's
+    state saved)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def work() -> None:
         members = [(Path(m["config"]), Path(m["run_dir"]), tuple(m["overrides"])) for m in json.loads(args[0])]
         outcomes = train_members(members)
-    except (ConfigError, CheckpointError, DirectoryInUse) as error:
-        print(f"windtunnel: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except TrainingInterrupted as error:
-        print(f"windtunnel: {error}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    diverged = [(run_dir, outcome) for (_, run_dir, _), outcome in zip(members, outcomes) if isinstance(outcome, TrainingDiverged)]
-    for run_dir, outcome in diverged:
-        print(f"windtunnel: training diverged: {run_dir}: {outcome}", file=sys.stderr)
-    for (_, run_dir, _), outcome in zip(members, outcomes):
-        if isinstance(outcome, TrainResult):
-            print(json.dumps({"run_dir": str(run_dir), "steps": outcome.steps, **(outcome.final_eval or {})}))
-    return EXIT_DIVERGED if diverged else 0
+        for (_, run_dir, _), outcome in zip(members, outcomes):
+            if isinstance(outcome, TrainResult):
+                print(json.dumps({"run_dir": str(run_dir), "steps": outcome.steps, **(outcome.final_eval or {})}))
+        diverged = [f"{run_dir}: {outcome}" for (_, run_dir, _), outcome in zip(members, outcomes) if isinstance(outcome, TrainingDiverged)]
+        if diverged:
+            raise TrainingDiverged("; ".join(diverged))
+
+    return run_command(work)
 
 
 if __name__ == "__main__":

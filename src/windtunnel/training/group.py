@@ -172,7 +172,7 @@ class _GroupLoop:
         base = members[0].model
         self.base = base
         params, buffers = stack_module_state([m.model for m in members])
-        self.params = {name: p.detach().clone().requires_grad_() for name, p in params.items()}
+        self.params = {name: p.detach().requires_grad_() for name, p in params.items()}  # stacking copied them already
         self.buffers = buffers
         t = members[0].t
         decayed = {name: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) for name, p in base.named_parameters()}
@@ -370,7 +370,10 @@ class _GroupLoop:
                   grad_norms: torch.Tensor) -> tuple[bool, bool, torch.Tensor]:
         """Each live member's boundary work, by the lone run's own code; a member whose loss
         was not finite ends here with its message, its folder as a diverged lone run leaves it."""
-        self._write_back(with_optimizer=due.checkpoints or due.asked_to_stop)
+        # The members' own modules are read only by an evaluation, a checkpoint or a snapshot
+        # (a step past the time limit makes all three); a log line reads the stack's numbers.
+        if due.evaluates or due.checkpoints or due.snapshot or due.over_time:
+            self._write_back(with_optimizer=due.checkpoints or due.over_time)
         stop = out_of_time = False
         means = []
         for slot in reversed(range(len(self.members))):
